@@ -1,0 +1,70 @@
+"""DefaultFlowCallback: decides when the loop logs, evaluates, saves and stops."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..events import TrainerCallback
+from ..state import TrainerControl, TrainerState
+
+
+def strategy_is(strategy: Any, name: str) -> bool:
+    """True if a strategy (a plain string or an enum member of one) is `name`."""
+    return getattr(strategy, "value", strategy) == name
+
+
+def _every(step: int, interval: int) -> bool:
+    return interval > 0 and step % interval == 0
+
+
+class DefaultFlowCallback(TrainerCallback):
+    """Sets `should_log` / `should_evaluate` / `should_save` / `should_training_stop` from the
+    logging, eval and save strategies, as transformers 5.23 does.
+
+    Intervals are read from `state.logging_steps` / `state.eval_steps` / `state.save_steps`
+    (already absolute); `args.eval_delay` counts steps for the steps strategy and epochs for the
+    epoch strategy. At the last step (`global_step >= max_steps`) training stops, a steps-strategy
+    evaluation runs if that step was not an evaluation step anyway, and a steps-strategy save runs.
+
+    Difference from transformers: with `logging_strategy="steps"` the last step is also a logging
+    step, so the final partial logging window gets its `loss` row instead of being dropped (it
+    used to show up only inside `train_loss`).
+    """
+
+    def on_step_end(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        step = state.global_step
+        step_logging = strategy_is(args.logging_strategy, "steps")
+        step_eval = strategy_is(args.eval_strategy, "steps")
+        eval_started = (args.eval_delay or 0) <= step
+
+        if step == 1 and args.logging_first_step:
+            control.should_log = True
+        if step_logging and _every(step, state.logging_steps):
+            control.should_log = True
+        if step_eval and _every(step, state.eval_steps) and eval_started:
+            control.should_evaluate = True
+        if strategy_is(args.save_strategy, "steps") and _every(step, state.save_steps):
+            control.should_save = True
+
+        if step >= state.max_steps:
+            control.should_training_stop = True
+            if step_logging:
+                control.should_log = True
+            if step_eval and not _every(step, state.eval_steps) and eval_started:
+                control.should_evaluate = True
+            if strategy_is(args.save_strategy, "steps"):
+                control.should_save = True
+        return control
+
+    def on_epoch_end(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        if strategy_is(args.logging_strategy, "epoch"):
+            control.should_log = True
+        if strategy_is(args.eval_strategy, "epoch") and (args.eval_delay or 0) <= (state.epoch or 0):
+            control.should_evaluate = True
+        if strategy_is(args.save_strategy, "epoch"):
+            control.should_save = True
+        return control

@@ -1,0 +1,187 @@
+"""Console output: ProgressCallback (tqdm bars, or plain lines when not on a terminal) and PrinterCallback."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping
+from typing import IO, Any
+
+from tqdm.auto import tqdm
+
+from ..events import TrainerCallback
+from ..state import TrainerControl, TrainerState
+
+# tqdm.auto picks the widget bar inside a Jupyter kernel, whose stderr is not a terminal but
+# which still renders bars properly.
+_IN_NOTEBOOK = any(cls.__module__ == "tqdm.notebook" for cls in tqdm.__mro__)
+
+
+def format_logs(logs: Mapping[str, Any], max_str_len: int | None = None) -> dict[str, Any]:
+    """A copy of `logs` for display: no `total_flos`, floats to 4 significant digits, and strings
+    longer than `max_str_len` replaced by a note giving their length."""
+    shown: dict[str, Any] = {}
+    for key, value in logs.items():
+        if key == "total_flos":
+            continue
+        if isinstance(value, str) and max_str_len is not None and len(value) > max_str_len:
+            shown[key] = f"<{len(value)} characters, longer than max_str_len={max_str_len}>"
+        elif isinstance(value, float):
+            shown[key] = f"{value:.4g}"
+        else:
+            shown[key] = value
+    return shown
+
+
+def _has_length(obj: Any) -> bool:
+    try:
+        return len(obj) is not None
+    except TypeError:
+        return False
+
+
+class ProgressCallback(TrainerCallback):
+    """Shows training progress on the main process.
+
+    On a terminal: a tqdm bar over `max_steps` (postfix: last loss and learning rate), a second bar
+    during evaluation/prediction, and each log row written above the bars. When the output is not
+    a terminal (CI logs, files) no bar is drawn, since every redraw would become a line: each log
+    row is printed as one line prefixed with `[step/max_steps]`, plus one line at the start and
+    end of training. Rows logged outside training (a standalone `evaluate()`) are printed too,
+    where transformers drops them.
+
+    Args:
+        max_str_len: strings in log rows longer than this are replaced by a short note.
+        stream: where bars (and, when given, log lines) go; default: bars to stderr, lines to stdout.
+        is_tty: force terminal (True) or plain (False) mode; default: bars in a notebook or when
+            `stream.isatty()` (stderr's) is true.
+    """
+
+    def __init__(self, max_str_len: int = 100, *, stream: IO[str] | None = None, is_tty: bool | None = None):
+        self.max_str_len = max_str_len
+        self.stream = stream
+        self.is_tty = is_tty
+        self.training_bar: Any = None
+        self.prediction_bar: Any = None
+        self.current_step = 0
+        self._training = False
+        self._start = 0.0
+        self._postfix: dict[str, str] = {}
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _use_bars(self) -> bool:
+        if self.is_tty is not None:
+            return self.is_tty
+        if _IN_NOTEBOOK:
+            return True
+        stream = self.stream if self.stream is not None else sys.stderr
+        isatty = getattr(stream, "isatty", None)
+        return bool(isatty and isatty())
+
+    def _bar_stream(self) -> IO[str]:
+        return self.stream if self.stream is not None else sys.stderr
+
+    def _line_stream(self) -> IO[str]:
+        return self.stream if self.stream is not None else sys.stdout
+
+    def _print(self, line: str) -> None:
+        stream = self._line_stream()
+        stream.write(line + "\n")
+        stream.flush()
+
+    # -- events -----------------------------------------------------------------------------
+    def on_train_begin(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        self.current_step = state.global_step
+        self._postfix = {}
+        if not state.is_world_process_zero:
+            return
+        self._training = True
+        self._start = time.monotonic()
+        if self._use_bars():
+            self.training_bar = tqdm(
+                total=state.max_steps, initial=state.global_step, dynamic_ncols=True, file=self._bar_stream()
+            )
+        else:
+            self._print(f"Training: {state.max_steps} steps (starting at step {state.global_step})")
+
+    def on_step_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if self.training_bar is not None:
+            self.training_bar.update(state.global_step - self.current_step)
+        self.current_step = state.global_step
+
+    def on_prediction_step(
+        self,
+        args: Any,
+        state: TrainerState,
+        control: TrainerControl,
+        eval_dataloader: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        if not (state.is_world_process_zero and self._use_bars() and _has_length(eval_dataloader)):
+            return
+        if self.prediction_bar is None:
+            self.prediction_bar = tqdm(
+                total=len(eval_dataloader),
+                leave=self.training_bar is None,
+                dynamic_ncols=True,
+                file=self._bar_stream(),
+            )
+        self.prediction_bar.update(1)
+
+    def _close_prediction_bar(self) -> None:
+        if self.prediction_bar is not None:
+            self.prediction_bar.close()
+            self.prediction_bar = None
+
+    def on_evaluate(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        self._close_prediction_bar()
+
+    def on_predict(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        self._close_prediction_bar()
+
+    def on_log(
+        self,
+        args: Any,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: Mapping | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not state.is_world_process_zero or logs is None:
+            return
+        shown = format_logs(logs, self.max_str_len)
+        if self.training_bar is not None:
+            for key, label in (("loss", "loss"), ("learning_rate", "lr")):
+                if key in shown:
+                    self._postfix[label] = str(shown[key])
+            if self._postfix:
+                self.training_bar.set_postfix(self._postfix, refresh=False)
+        if self._training and self.training_bar is None:
+            self._print(f"[{state.global_step}/{state.max_steps}] {shown}")
+        else:
+            # Written above any live bar (tqdm clears and redraws it).
+            tqdm.write(str(shown), file=self._line_stream())
+
+    def on_train_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if self.training_bar is not None:
+            self.training_bar.close()
+            self.training_bar = None
+        elif self._training:
+            elapsed = time.monotonic() - self._start
+            self._print(f"Training done: {state.global_step}/{state.max_steps} steps in {elapsed:.1f}s")
+        self._training = False
+
+
+class PrinterCallback(TrainerCallback):
+    """Prints each log row on the local main process (no `total_flos`; floats to 4 significant digits)."""
+
+    def on_log(
+        self,
+        args: Any,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: Mapping | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if state.is_local_process_zero and logs is not None:
+            print(format_logs(logs))

@@ -1,0 +1,467 @@
+"""Checkpoint folders: written atomically, found, verified and rotated.
+
+A checkpoint is `output_dir/checkpoint-<global_step>/` (layout in docs/design.md). It is complete or
+absent: `write_checkpoint` fills a hidden sibling `.{name}.tmp-<token>`, writes
+`checkpoint_complete.json` (every file with its size) last, fsyncs files and folders and renames the
+folder into place. The rename is the commit, so a crash at any instant leaves the previous checkpoints
+usable; hidden leftovers are ignored by discovery and removed by the next `write_checkpoint`.
+
+Public API (file formats live in `checkpoint_io` and `rng`, re-exported here):
+
+* `write_checkpoint(output_dir, name, write_fn, *, runtime=None) -> str`: `write_fn(tmp_dir)` writes the
+  files; with several processes pass the `Runtime`: every rank calls it with the same `name`, every rank's
+  `write_fn` writes its own files (e.g. `rng_state_<rank>.pth`) into the shared folder, rank 0 commits.
+  Failures raise `CheckpointError` on every rank and leave earlier checkpoints untouched.
+* `get_last_checkpoint(folder) -> str | None`: the newest checkpoint that verifies.
+* `verify_checkpoint(path) -> list[str]`: problems (missing files, sizes that differ from the marker).
+* `check_checkpoint_files(path, need=(...), *, rank=0, world_size=1) -> list[str]`: the files a resume
+  needs, present and readable (JSON parses, archives and safetensors headers intact), before any work.
+* `sort_checkpoints(...)`, `rotate_checkpoints(...) -> list[str]`: transformers' ordering and
+  `save_total_limit` outcomes; the newest and the best checkpoint are never deleted, and a folder is
+  renamed out of sight before it is deleted.
+* `delete_checkpoint(path)`: rename out of sight, then remove.
+* `clean_checkpoint_leftovers(output_dir) -> list[str]`: what `write_checkpoint` does first.
+
+Several processes must share one filesystem: rank 0 lists, fsyncs and renames the folder every rank wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .checkpoint_io import (
+    CHECKPOINT_COMPLETE_NAME,
+    DATA_STATE_NAME,
+    OPTIMIZER_NAME,
+    PREFIX_CHECKPOINT_DIR,
+    PT_WEIGHTS_INDEX_NAME,
+    PT_WEIGHTS_NAME,
+    RNG_STATE_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+    TRAINER_STATE_NAME,
+    TRAINING_ARGS_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    CheckpointError,
+    CheckpointFileNotFoundError,
+    WeightsLoadResult,
+    fsync_dir,
+    fsync_file,
+    load_model_weights,
+    parse_size,
+    read_json,
+    safe_torch_load,
+    safetensors_problem,
+    save_model_weights,
+    save_torch_state,
+    torch_file_problem,
+    write_json,
+)
+from .rng import capture_rng_state, load_rng_state, restore_rng_state, rng_state_file, save_rng_state
+
+__all__ = [
+    "CHECKPOINT_COMPLETE_NAME",
+    "DATA_STATE_NAME",
+    "OPTIMIZER_NAME",
+    "PREFIX_CHECKPOINT_DIR",
+    "PT_WEIGHTS_INDEX_NAME",
+    "PT_WEIGHTS_NAME",
+    "RNG_STATE_NAME",
+    "SCALER_NAME",
+    "SCHEDULER_NAME",
+    "TRAINER_STATE_NAME",
+    "TRAINING_ARGS_NAME",
+    "WEIGHTS_INDEX_NAME",
+    "WEIGHTS_NAME",
+    "CheckpointError",
+    "CheckpointFileNotFoundError",
+    "WeightsLoadResult",
+    "capture_rng_state",
+    "check_checkpoint_files",
+    "clean_checkpoint_leftovers",
+    "delete_checkpoint",
+    "get_last_checkpoint",
+    "load_model_weights",
+    "load_rng_state",
+    "parse_size",
+    "read_json",
+    "restore_rng_state",
+    "rng_state_file",
+    "rotate_checkpoints",
+    "safe_torch_load",
+    "save_model_weights",
+    "save_rng_state",
+    "save_torch_state",
+    "sort_checkpoints",
+    "verify_checkpoint",
+    "write_checkpoint",
+    "write_json",
+]
+
+# `.{name}.tmp-<token>`: being written; `.{name}.old-<token>`: a checkpoint being replaced by a new save
+# of the same name; `.{name}.trash-<token>`: being deleted by rotation.
+_HIDDEN_RE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old|trash)-(?P<token>[0-9a-f]+-[0-9a-f]+)$")
+
+
+def _token() -> str:
+    return f"{os.getpid():x}-{secrets.token_hex(4)}"
+
+
+def _step_re(prefix: str) -> re.Pattern[str]:
+    return re.compile(rf"^{re.escape(prefix)}-(\d+)$")
+
+
+# -- verification -----------------------------------------------------------------------------------
+
+
+def _weights_problems(path: str) -> list[str]:
+    index = os.path.join(path, WEIGHTS_INDEX_NAME)
+    if os.path.isfile(index):
+        try:
+            weight_map = read_json(index).get("weight_map", {})
+        except (CheckpointError, AttributeError) as exc:
+            return [f"{WEIGHTS_INDEX_NAME} is unreadable: {exc}"]
+        return [f"{f} is missing" for f in sorted(set(weight_map.values())) if not os.path.isfile(os.path.join(path, f))]
+    names = (WEIGHTS_NAME, PT_WEIGHTS_NAME, PT_WEIGHTS_INDEX_NAME, "adapter_model.safetensors", "adapter_model.bin")
+    if any(os.path.isfile(os.path.join(path, n)) for n in names):
+        return []
+    if any(e.startswith("pytorch_model_fsdp") for e in os.listdir(path)):
+        return []
+    return [f"no model weights ({WEIGHTS_NAME}, {WEIGHTS_INDEX_NAME} or {PT_WEIGHTS_NAME})"]
+
+
+def verify_checkpoint(path: str | os.PathLike) -> list[str]:
+    """Problems with a checkpoint folder; an empty list means it is complete.
+
+    With `checkpoint_complete.json` every listed file must exist with its recorded size. Without it (a
+    folder written by transformers, which has no marker) it needs `trainer_state.json` and model weights.
+    """
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        return [f"{path} is not a folder"]
+    marker = os.path.join(path, CHECKPOINT_COMPLETE_NAME)
+    if not os.path.exists(marker):
+        problems = [] if os.path.isfile(os.path.join(path, TRAINER_STATE_NAME)) else [f"{TRAINER_STATE_NAME} is missing"]
+        return problems + _weights_problems(path)
+    try:
+        files = read_json(marker).get("files")
+    except (CheckpointError, AttributeError) as exc:
+        return [f"{CHECKPOINT_COMPLETE_NAME} is unreadable: {exc}"]
+    if not isinstance(files, dict):
+        return [f"{CHECKPOINT_COMPLETE_NAME} has no 'files' object"]
+    problems = []
+    for rel, size in sorted(files.items()):
+        full = os.path.join(path, rel)
+        if not os.path.isfile(full):
+            problems.append(f"{rel} is missing")
+        elif os.path.getsize(full) != size:
+            problems.append(f"{rel} has {os.path.getsize(full)} bytes, expected {size}")
+    return problems
+
+
+NEEDS = ("model", "optimizer", "scheduler", "scaler", "trainer_state", "training_args", "data_state", "rng")
+
+
+def check_checkpoint_files(
+    path: str | os.PathLike,
+    need: Iterable[str] = ("model", "optimizer", "scheduler", "trainer_state"),
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+) -> list[str]:
+    """Which of the files a resume needs are missing or damaged, each message naming file and folder.
+
+    `need` items: "model", "optimizer", "scheduler", "scaler", "trainer_state", "training_args",
+    "data_state", "rng" (this rank's file). Checks are cheap (no tensor is loaded): JSON parses,
+    `torch.save` archives have an intact zip directory, safetensors sizes match their headers.
+    """
+    need = list(need)
+    unknown = [n for n in need if n not in NEEDS]
+    if unknown:
+        raise ValueError(f"check_checkpoint_files: unknown need {unknown}; choose from {list(NEEDS)}")
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        return [f"checkpoint folder {path} does not exist"]
+    problems = verify_checkpoint(path) if os.path.exists(os.path.join(path, CHECKPOINT_COMPLETE_NAME)) else []
+    torch_files = {"optimizer": OPTIMIZER_NAME, "scheduler": SCHEDULER_NAME, "scaler": SCALER_NAME}
+    json_files = {"trainer_state": TRAINER_STATE_NAME, "training_args": TRAINING_ARGS_NAME, "data_state": DATA_STATE_NAME}
+    for item in need:
+        if item == "model":
+            found = _weights_problems(path)
+            if not found:
+                shards = [WEIGHTS_NAME] if os.path.isfile(os.path.join(path, WEIGHTS_NAME)) else []
+                index = os.path.join(path, WEIGHTS_INDEX_NAME)
+                if os.path.isfile(index):
+                    shards = sorted(set(read_json(index)["weight_map"].values()))
+                found = [p for s in shards if (p := safetensors_problem(os.path.join(path, s)))]
+            problems += found
+        elif item in torch_files:
+            problems += [p for p in [torch_file_problem(os.path.join(path, torch_files[item]))] if p]
+        elif item in json_files:
+            try:
+                read_json(os.path.join(path, json_files[item]))
+            except CheckpointFileNotFoundError:
+                problems.append(f"{json_files[item]} is missing")
+            except CheckpointError as exc:
+                problems.append(str(exc))
+        else:
+            rng = rng_state_file(path, rank, world_size)
+            problems += [p for p in [torch_file_problem(rng)] if p]
+    return [p if path in p else f"{p} (in {path})" for p in dict.fromkeys(problems)]
+
+
+# -- discovery and rotation ---------------------------------------------------------------------------
+
+
+def _candidates(folder: str, prefix: str) -> list[tuple[int, str]]:
+    """(step, path) of every visible `prefix-<step>` folder, plus the hidden old copy of one whose
+    replacement was interrupted between its two renames (the visible name is then absent)."""
+    pattern = _step_re(prefix)
+    found: dict[int, str] = {}
+    hidden: dict[int, str] = {}
+    for entry in os.scandir(folder):
+        if not entry.is_dir():
+            continue
+        if m := pattern.match(entry.name):
+            found[int(m.group(1))] = entry.path
+        elif (h := _HIDDEN_RE.match(entry.name)) and h["kind"] == "old" and (m := pattern.match(h["name"])):
+            hidden.setdefault(int(m.group(1)), entry.path)
+    for step, path in hidden.items():
+        found.setdefault(step, path)
+    return sorted(found.items())
+
+
+def get_last_checkpoint(folder: str | os.PathLike, checkpoint_prefix: str = PREFIX_CHECKPOINT_DIR) -> str | None:
+    """The highest-step checkpoint in `folder` that verifies, or None.
+
+    Temporary folders of interrupted saves are ignored; a damaged folder is skipped with a warning so a
+    resume falls back to the previous checkpoint. transformers' checkpoints (no marker) count when they
+    hold `trainer_state.json` and weights.
+    """
+    folder = os.fspath(folder)
+    if not os.path.isdir(folder):
+        return None
+    for _, path in reversed(_candidates(folder, checkpoint_prefix)):
+        problems = verify_checkpoint(path)
+        if not problems:
+            return path
+        warnings.warn(f"skipping incomplete checkpoint {path}: {'; '.join(problems)}", stacklevel=2)
+    return None
+
+
+def sort_checkpoints(
+    output_dir: str | os.PathLike,
+    checkpoint_prefix: str = PREFIX_CHECKPOINT_DIR,
+    use_mtime: bool = False,
+    best_model_checkpoint: str | None = None,
+) -> list[str]:
+    """Visible `checkpoint-<step>` folders, oldest first; the best one moved to second-to-last."""
+    output_dir = os.fspath(output_dir)
+    pattern = _step_re(checkpoint_prefix)
+    entries = []
+    for entry in os.scandir(output_dir):
+        if entry.is_dir() and (m := pattern.match(entry.name)):
+            entries.append((int(m.group(1)), os.path.getmtime(entry.path), os.path.join(output_dir, entry.name)))
+    entries.sort()
+    if use_mtime and len(entries) > 1:
+        mtimes = [e[1] for e in entries]
+        if max(mtimes) - min(mtimes) < 1.0:
+            warnings.warn(
+                "checkpoint modification times are less than 1 s apart and may not be reliable on this "
+                "filesystem; ordering checkpoints by step instead",
+                stacklevel=2,
+            )
+        else:
+            entries.sort(key=lambda e: (e[1], e[0]))
+    paths = [e[2] for e in entries]
+    if best_model_checkpoint is not None:
+        best = os.path.abspath(best_model_checkpoint)
+        where = [i for i, p in enumerate(paths) if os.path.abspath(p) == best]
+        if where and where[0] < len(paths) - 1:
+            paths.insert(len(paths) - 1, paths.pop(where[0]))
+    return paths
+
+
+def delete_checkpoint(path: str | os.PathLike) -> None:
+    """Delete a checkpoint folder without ever showing a half-deleted one: hide it, then remove it."""
+    parent, name = os.path.split(os.fspath(path).rstrip(os.sep))
+    trash = os.path.join(parent, f".{name}.trash-{_token()}")
+    os.rename(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def rotate_checkpoints(
+    output_dir: str | os.PathLike,
+    save_total_limit: int | None = None,
+    best_model_checkpoint: str | None = None,
+    use_mtime: bool = False,
+    checkpoint_prefix: str = PREFIX_CHECKPOINT_DIR,
+) -> list[str]:
+    """Delete the oldest checkpoints beyond `save_total_limit`; returns the deleted paths.
+
+    The newest and the best checkpoint are kept, so with limit 1 and an older best checkpoint two remain.
+    """
+    if save_total_limit is None or save_total_limit <= 0:
+        return []
+    paths = sort_checkpoints(output_dir, checkpoint_prefix, use_mtime, best_model_checkpoint)
+    if len(paths) <= save_total_limit:
+        return []
+    keep = save_total_limit
+    if best_model_checkpoint is not None and keep == 1:
+        best = os.path.abspath(best_model_checkpoint)
+        if best != os.path.abspath(paths[-1]) and best in map(os.path.abspath, paths):
+            keep = 2
+    deleted = []
+    for path in paths[: len(paths) - keep]:
+        try:
+            delete_checkpoint(path)
+            deleted.append(path)
+        except OSError as exc:
+            warnings.warn(f"could not delete old checkpoint {path}: {exc}", stacklevel=2)
+    return deleted
+
+
+def clean_checkpoint_leftovers(output_dir: str | os.PathLike) -> list[str]:
+    """Remove the hidden folders of interrupted saves and deletions; returns what was removed.
+
+    A checkpoint whose replacement was interrupted (`.{name}.old-*` while `name` is absent) is renamed
+    back to `name` instead. Meant to run when no other save into `output_dir` is in progress (one trainer
+    saves at a time; `write_checkpoint` calls it first).
+    """
+    output_dir = os.fspath(output_dir)
+    removed = []
+    for entry in sorted(os.scandir(output_dir), key=lambda e: e.name):
+        m = _HIDDEN_RE.match(entry.name)
+        if not m or not entry.is_dir(follow_symlinks=False):
+            continue
+        target = os.path.join(output_dir, m["name"])
+        if m["kind"] == "old" and not os.path.lexists(target) and not verify_checkpoint(entry.path):
+            os.rename(entry.path, target)
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    if removed:
+        fsync_dir(output_dir)
+    return removed
+
+
+# -- atomic write ------------------------------------------------------------------------------------
+
+
+def _commit(output_dir: str, tmp: str, final: str, name: str) -> None:
+    """Record the file list, flush everything to disk, and rename `tmp` to `final` (replacing it)."""
+    files = {}
+    for root, _, names in os.walk(tmp):
+        for n in names:
+            full = os.path.join(root, n)
+            files[os.path.relpath(full, tmp).replace(os.sep, "/")] = os.path.getsize(full)
+    files.pop(CHECKPOINT_COMPLETE_NAME, None)
+    write_json(os.path.join(tmp, CHECKPOINT_COMPLETE_NAME), {"format": 1, "name": name, "files": files})
+    for root, _dirs, names in os.walk(tmp, topdown=False):
+        for n in names:
+            fsync_file(os.path.join(root, n))
+        fsync_dir(root)
+    if os.path.lexists(final):
+        # Same name saved again: a directory can't be renamed over a non-empty one, so the old copy
+        # steps aside first. Between the two renames, discovery and cleanup recognise the `.old` copy.
+        old = os.path.join(output_dir, f".{name}.old-{_token()}")
+        os.rename(final, old)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            os.rename(old, final)
+            raise
+        fsync_dir(output_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+        fsync_dir(output_dir)
+
+
+def _failure(output_dir: str, name: str, exc: BaseException) -> str:
+    cause = f"{exc.strerror} ({exc.filename})" if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+    return f"could not write checkpoint {name!r} in {output_dir}: {cause}"
+
+
+def write_checkpoint(
+    output_dir: str | os.PathLike,
+    name: str,
+    write_fn: Callable[[str], Any],
+    *,
+    runtime: Any = None,
+) -> str:
+    """Write a checkpoint atomically: `write_fn(tmp_dir)` writes the files; returns the final path.
+
+    `runtime` (a `trainwright.runtime.Runtime`) is required when several processes save together;
+    every rank must call this. On failure every rank raises `CheckpointError` naming the folder and the
+    cause (an `OSError` from `write_fn` is wrapped, other exceptions propagate unchanged on the rank that
+    raised them), the temporary folder is removed, and earlier checkpoints are untouched.
+    """
+    output_dir = os.fspath(output_dir)
+    if not name or name != os.path.basename(name) or name.startswith(".") or os.sep in name or "/" in name:
+        raise ValueError(f"write_checkpoint: name must be a plain folder name like 'checkpoint-500', got {name!r}")
+    if runtime is None and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        raise ValueError("write_checkpoint: pass runtime= when several processes save together (WORLD_SIZE > 1)")
+    rank = runtime.rank if runtime is not None else 0
+    world_size = runtime.world_size if runtime is not None else 1
+    final = os.path.join(output_dir, name)
+
+    def from_rank0(value: Any) -> Any:
+        # Every rank learns rank 0's outcome; this is also the barrier between the phases.
+        return value if world_size == 1 else runtime.broadcast_object(value, src=0)
+
+    tmp, setup_error = None, None
+    if rank == 0:
+        try:
+            if os.path.exists(final) and not os.path.isdir(final):
+                raise NotADirectoryError(20, "exists and is not a folder", final)
+            os.makedirs(output_dir, exist_ok=True)
+            clean_checkpoint_leftovers(output_dir)
+            tmp = os.path.join(output_dir, f".{name}.tmp-{_token()}")
+            os.mkdir(tmp)
+        except OSError as exc:
+            setup_error = _failure(output_dir, name, exc)
+    tmp, setup_error = from_rank0((tmp, setup_error))
+    if setup_error:
+        raise CheckpointError(setup_error)
+
+    own_error: BaseException | None = None
+    try:
+        os.makedirs(tmp, exist_ok=True)
+        write_fn(tmp)
+    except Exception as exc:
+        own_error = exc
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    statuses = [None if own_error is None else _failure(output_dir, name, own_error)]
+    if world_size > 1:
+        statuses = runtime.all_gather_object(statuses[0])
+    errors = [f"rank {r}: {s}" if world_size > 1 else s for r, s in enumerate(statuses) if s]
+
+    commit_error = None
+    if rank == 0:
+        if errors:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            try:
+                _commit(output_dir, tmp, final, name)
+            except OSError as exc:
+                shutil.rmtree(tmp, ignore_errors=True)
+                commit_error = _failure(output_dir, name, exc)
+    if errors:
+        if own_error is not None and not isinstance(own_error, OSError):
+            raise own_error
+        raise CheckpointError("; ".join(errors)) from own_error
+    commit_error = from_rank0(commit_error)
+    if commit_error:
+        raise CheckpointError(commit_error)
+    return final

@@ -1,0 +1,219 @@
+"""The one place that knows about processes and devices.
+
+A single CPU process is world_size 1 and goes through the same code as a torchrun job: every
+collective below is a no-op (or an identity) when there is one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value in (None, "") else int(value)
+
+
+@dataclass
+class Runtime:
+    """Device, rank and collectives of this process."""
+
+    device: torch.device
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    backend: str | None = None
+    _owns_group: bool = field(default=False, repr=False)
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_rank == 0
+
+    @property
+    def node_rank(self) -> int:
+        return self.rank // max(self.local_world_size, 1)
+
+    # -- collectives ------------------------------------------------------------------------
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Reduce in place across processes ("sum", "mean", "max", "min") and return the tensor."""
+        if not self.distributed:
+            return tensor
+        ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+        dist.all_reduce(tensor, op=ops[op])
+        if op == "mean":
+            tensor /= self.world_size
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Gather a tensor from every process; shapes may differ in the first dimension."""
+        if not self.distributed:
+            return [tensor]
+        tensor = tensor.contiguous()
+        sizes = [torch.zeros(1, dtype=torch.long, device=tensor.device) for _ in range(self.world_size)]
+        dist.all_gather(sizes, torch.tensor([tensor.shape[0] if tensor.dim() else 1], device=tensor.device))
+        lengths = [int(s.item()) for s in sizes]
+        longest = max(lengths)
+        if tensor.dim() == 0:
+            tensor = tensor.reshape(1)
+        if tensor.shape[0] < longest:
+            pad = tensor.new_zeros((longest - tensor.shape[0], *tensor.shape[1:]))
+            tensor = torch.cat([tensor, pad])
+        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(out, tensor)
+        return [t[:n] for t, n in zip(out, lengths)]
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    @contextlib.contextmanager
+    def main_process_first(self, local: bool = True) -> Iterator[None]:
+        """Run the body on the (local) main process first, then on the others."""
+        first = self.is_local_main_process if local else self.is_main_process
+        if not first:
+            self.barrier()
+        try:
+            yield
+        finally:
+            if first:
+                self.barrier()
+
+    # -- model wrapping ---------------------------------------------------------------------
+    def wrap_model(self, model: torch.nn.Module, args: Any = None) -> torch.nn.Module:
+        """Wrap for data parallelism (DDP) when there are several processes."""
+        if not self.distributed:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        kwargs: dict[str, Any] = {}
+        if args is not None:
+            if getattr(args, "ddp_find_unused_parameters", None) is not None:
+                kwargs["find_unused_parameters"] = args.ddp_find_unused_parameters
+            if getattr(args, "ddp_bucket_cap_mb", None) is not None:
+                kwargs["bucket_cap_mb"] = args.ddp_bucket_cap_mb
+            if getattr(args, "ddp_broadcast_buffers", None) is not None:
+                kwargs["broadcast_buffers"] = args.ddp_broadcast_buffers
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
+        """Skip gradient all-reduce on accumulation micro-steps."""
+        if skip_sync and self.distributed and hasattr(model, "no_sync"):
+            with model.no_sync():
+                yield
+        elif skip_sync and self.distributed and hasattr(model, "set_requires_gradient_sync"):
+            model.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                model.set_requires_gradient_sync(True)
+        else:
+            yield
+
+    # -- precision --------------------------------------------------------------------------
+    def autocast(self, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+        """Autocast to `dtype` on this device, or nothing when dtype is None."""
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    def grad_scaler(self, enabled: bool) -> torch.amp.GradScaler | None:
+        if not enabled:
+            return None
+        return torch.amp.GradScaler(self.device.type)
+
+    def bf16_supported(self) -> bool:
+        if self.device.type == "cuda":
+            return torch.cuda.is_bf16_supported()
+        return True
+
+    # -- teardown ---------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_group = False
+
+
+_RUNTIME: Runtime | None = None
+
+
+def get_runtime(use_cpu: bool = False, backend: str | None = None, timeout_s: int = 1800) -> Runtime:
+    """Return this process's runtime, starting the process group on first use under torchrun."""
+    global _RUNTIME
+    if _RUNTIME is not None:
+        return _RUNTIME
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
+    cuda = torch.cuda.is_available() and not use_cpu
+    if cuda:
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    elif not use_cpu and torch.backends.mps.is_available() and world_size == 1:
+        device = torch.device("mps")
+    else:
+        device = torch.device("cpu")
+    owns = False
+    chosen = None
+    if world_size > 1:
+        chosen = backend or ("nccl" if device.type == "cuda" else "gloo")
+        if not dist.is_initialized():
+            dist.init_process_group(
+                backend=chosen,
+                timeout=datetime.timedelta(seconds=timeout_s),
+                **({"device_id": device} if device.type == "cuda" else {}),
+            )
+            owns = True
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    _RUNTIME = Runtime(
+        device=device,
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        local_world_size=local_world_size,
+        backend=chosen,
+        _owns_group=owns,
+    )
+    return _RUNTIME
+
+
+def reset_runtime() -> None:
+    """Forget the cached runtime (tears down a process group it started). For tests and teardown."""
+    global _RUNTIME
+    if _RUNTIME is not None:
+        _RUNTIME.shutdown()
+    _RUNTIME = None

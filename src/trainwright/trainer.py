@@ -1,0 +1,1002 @@
+"""Trainer: the transformers.Trainer API on a loop you can read top to bottom.
+
+One training step (``_run_epoch``): fetch the step's micro-batches, count their items, then per
+micro-batch forward under autocast + backward (no gradient sync but on the last); clip, optimizer
+step, scheduler step, zero grad; advance the cursor; fire events; maybe log / evaluate / save.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import time
+import warnings
+from collections.abc import Callable
+from itertools import islice
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, IterableDataset
+
+from . import data as data_utils
+from . import training_checkpoint
+from .args import TrainingArguments
+from .callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCallback
+from .evaluation import EvalGatherer
+from .events import CallbackHandler, TrainerCallback
+from .flops import FlopsEstimator
+from .loss import LabelSmoother, batch_size, items_in_batch, label_shift_for, model_accepts_loss_kwargs
+from .memory import TrainerMemoryTracker
+from .metrics import (
+    EvalLoopOutput,
+    EvalPrediction,
+    PredictionOutput,
+    TrainOutput,
+    denumpify_detensorize,
+    speed_metrics,
+)
+from .metrics import log_metrics as _log_metrics
+from .metrics import metrics_format as _metrics_format
+from .metrics import save_metrics as _save_metrics
+from .optim import create_optimizer as _create_optimizer
+from .optim import get_decay_parameter_names
+from .reporters import get_reporting_integration_callbacks
+from .runtime import get_runtime
+from .schedules import get_scheduler
+from .seed import enable_full_determinism, set_seed
+from .state import LoopCursor, TrainerControl, TrainerState
+
+logger = logging.getLogger(__name__)
+
+_PLATEAU = "reduce_lr_on_plateau"
+
+
+def _nested_detach(x: Any) -> Any:
+    if isinstance(x, (list, tuple)):
+        return type(x)(_nested_detach(t) for t in x)
+    if isinstance(x, dict):
+        return type(x)({k: _nested_detach(v) for k, v in x.items()})
+    return x.detach() if isinstance(x, torch.Tensor) else x
+
+
+class Trainer:
+    """Train, evaluate and predict with a PyTorch model; the API of ``transformers.Trainer``."""
+
+    loss_is_scaled_for_ga: bool | None = None
+
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        args: TrainingArguments | None = None,
+        data_collator: Callable | None = None,
+        train_dataset: Dataset | IterableDataset | None = None,
+        eval_dataset: Dataset | dict[str, Dataset] | None = None,
+        processing_class: Any = None,
+        model_init: Callable[..., nn.Module] | None = None,
+        compute_loss_func: Callable | None = None,
+        compute_metrics: Callable[[EvalPrediction], dict] | None = None,
+        callbacks: list[TrainerCallback | type[TrainerCallback]] | None = None,
+        optimizers: tuple[torch.optim.Optimizer | None, Any] = (None, None),
+        optimizer_cls_and_kwargs: tuple[type, dict] | None = None,
+        preprocess_logits_for_metrics: Callable | None = None,
+        tokenizer: Any = None,
+    ):
+        if args is None:
+            args = TrainingArguments(output_dir="tmp_trainer")
+        self.args = args
+        if tokenizer is not None:
+            warnings.warn("`tokenizer` is deprecated: pass `processing_class`.", FutureWarning, stacklevel=2)
+            processing_class = processing_class if processing_class is not None else tokenizer
+        self.runtime = get_runtime(use_cpu=args.use_cpu, backend=args.ddp_backend, timeout_s=args.ddp_timeout)
+        if args.full_determinism:
+            enable_full_determinism(args.seed)
+        else:
+            set_seed(args.seed)
+        self._memory_tracker = TrainerMemoryTracker(args.skip_memory_metrics, self.runtime.device)
+        self._memory_tracker.start("init")
+
+        if model is not None and model_init is not None:
+            raise ValueError("Trainer takes `model` or `model_init`, not both.")
+        if model is None and model_init is None:
+            raise RuntimeError("Trainer needs a `model` or a `model_init`.")
+        if model_init is not None and optimizers != (None, None):
+            raise ValueError("`optimizers` cannot be used with `model_init`: each trial builds its own.")
+        if optimizers != (None, None) and optimizer_cls_and_kwargs is not None:
+            raise ValueError("Pass `optimizers` or `optimizer_cls_and_kwargs`, not both.")
+        self.model_init = model_init
+        if model is None:
+            model = self.call_model_init()
+        self.model = self._place(model)
+        self.model_wrapped = self.model
+        self.processing_class = processing_class
+        self.compute_loss_func = compute_loss_func
+        self.compute_metrics = compute_metrics
+        self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
+        self.optimizer, self.lr_scheduler = optimizers
+        self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
+        self.train_dataset = train_dataset
+        self.eval_dataset = eval_dataset
+        if data_collator is None:
+            data_collator = (
+                data_utils.PaddingCollator(processing_class)
+                if hasattr(processing_class, "pad")
+                else data_utils.default_data_collator
+            )
+        self.data_collator = data_collator
+        self._configure_model_facts()
+        self._validate_data()
+
+        default = DEFAULT_CALLBACKS + get_reporting_integration_callbacks(args.report_to)
+        callbacks = default + list(callbacks or [])
+        callbacks.append(PrinterCallback if args.disable_tqdm else ProgressCallback)
+        self.callback_handler = CallbackHandler(
+            callbacks, self.model, self.processing_class, self.optimizer, self.lr_scheduler
+        )
+        if args.should_save:
+            os.makedirs(args.output_dir, exist_ok=True)
+        self.state = TrainerState(
+            is_local_process_zero=self.is_local_process_zero(),
+            is_world_process_zero=self.is_world_process_zero(),
+        )
+        self.control = TrainerControl()
+        self.cursor = LoopCursor()
+        self.scaler: torch.amp.GradScaler | None = None
+        self.is_in_train = False
+        self.hp_search_backend = None
+        self._flops = FlopsEstimator()
+        self._trial = None
+        self.control = self.callback_handler.on_init_end(args, self.state, self.control)
+        self._memory_tracker.stop_and_update_metrics("init")
+
+    # ------------------------------------------------------------------ set-up helpers
+    def _place(self, model: nn.Module) -> nn.Module:
+        device_map = getattr(model, "hf_device_map", None)
+        if isinstance(device_map, dict) and len(set(device_map.values())) > 1:
+            return model  # model parallel: the user placed it
+        if self.args.fp16_full_eval or self.args.bf16_full_eval:
+            return model  # cast and placed when evaluating
+        return model.to(self.runtime.device)
+
+    def _configure_model_facts(self) -> None:
+        model = self.model
+        self.model_accepts_loss_kwargs = model_accepts_loss_kwargs(model)
+        self.label_names = (
+            list(self.args.label_names) if self.args.label_names is not None else self._find_labels(model)
+        )
+        self.can_return_loss = "return_loss" in _forward_params(model)
+        self._label_shift = label_shift_for(model)
+        eps = self.args.label_smoothing_factor
+        self.label_smoother = LabelSmoother(epsilon=eps) if eps != 0 else None
+        if getattr(model, "config", None) is not None and hasattr(model.config, "use_cache"):
+            model.config.use_cache = self.args.use_cache
+
+    @staticmethod
+    def _find_labels(model: nn.Module) -> list[str]:
+        name = type(model).__name__
+        params = _forward_params(model)
+        if "QuestionAnswering" in name:
+            return [p for p in params if "label" in p or p in ("start_positions", "end_positions")]
+        return [p for p in params if "label" in p]
+
+    def _validate_data(self) -> None:
+        args = self.args
+        if self.train_dataset is not None and not data_utils.has_length(self.train_dataset):
+            if args.max_steps <= 0:
+                raise ValueError(
+                    "train_dataset has no length (an IterableDataset): set `max_steps` to say how long to train."
+                )
+
+    def call_model_init(self, trial: Any = None) -> nn.Module:
+        """Build a fresh model with `model_init` (which may take the HP-search trial)."""
+        n_args = len([p for p in _signature_params(self.model_init) if p.default is p.empty])
+        model = self.model_init() if n_args == 0 else self.model_init(trial)
+        if model is None:
+            raise RuntimeError("model_init returned None: it must return a torch.nn.Module.")
+        return model
+
+    # ------------------------------------------------------------------ callbacks
+    def add_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> None:
+        self.callback_handler.add_callback(callback)
+
+    def pop_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> TrainerCallback | None:
+        return self.callback_handler.pop_callback(callback)
+
+    def remove_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> None:
+        self.callback_handler.remove_callback(callback)
+
+    def is_local_process_zero(self) -> bool:
+        return self.runtime.is_local_main_process
+
+    def is_world_process_zero(self) -> bool:
+        return self.runtime.is_main_process
+
+    # ------------------------------------------------------------------ data
+    def _train_collator(self, dataset: Any, description: str) -> Callable:
+        if not self.args.remove_unused_columns:
+            return self.data_collator
+        keep = data_utils.forward_arg_names(self.model) | set(self.label_names)
+        if _is_hf_dataset(dataset):
+            return self.data_collator  # columns were removed from the dataset itself
+        return data_utils.RemoveColumnsCollator(self.data_collator, keep, description=description)
+
+    def _prepare_dataset(self, dataset: Any) -> Any:
+        if self.args.remove_unused_columns and _is_hf_dataset(dataset):
+            keep = data_utils.forward_arg_names(self.model) | set(self.label_names)
+            return data_utils.remove_unused_columns(dataset, keep)
+        return dataset
+
+    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
+        """Training dataloader: resumable sampler, worker seeds fixed by (seed, epoch)."""
+        if self.train_dataset is None:
+            raise ValueError("Trainer: training requires a train_dataset.")
+        dataset = self._prepare_dataset(self.train_dataset)
+        bs = self.args.per_device_train_batch_size
+        sampler = data_utils.build_sampler(dataset, self.args, self.runtime, train=True, batch_size=bs)
+        return data_utils.make_dataloader(
+            dataset,
+            batch_size=bs,
+            sampler=sampler,
+            collate_fn=self._train_collator(dataset, "training"),
+            args=self.args,
+            drop_last=self.args.dataloader_drop_last,
+            seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
+        )
+
+    def get_eval_dataloader(self, eval_dataset: str | Dataset | None = None) -> torch.utils.data.DataLoader:
+        """Evaluation dataloader (a name selects one of a dict of eval datasets)."""
+        if isinstance(eval_dataset, str):
+            if not isinstance(self.eval_dataset, dict) or eval_dataset not in self.eval_dataset:
+                raise ValueError(f"No eval dataset named {eval_dataset!r}.")
+            eval_dataset = self.eval_dataset[eval_dataset]
+        eval_dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if eval_dataset is None:
+            raise ValueError("Trainer: evaluation requires an eval_dataset.")
+        return self._inference_dataloader(eval_dataset, "evaluation")
+
+    def get_test_dataloader(self, test_dataset: Dataset) -> torch.utils.data.DataLoader:
+        return self._inference_dataloader(test_dataset, "test")
+
+    def _inference_dataloader(self, dataset: Any, description: str) -> torch.utils.data.DataLoader:
+        dataset = self._prepare_dataset(dataset)
+        bs = self.args.per_device_eval_batch_size
+        sampler = data_utils.build_sampler(dataset, self.args, self.runtime, train=False, batch_size=bs)
+        return data_utils.make_dataloader(
+            dataset,
+            batch_size=bs,
+            sampler=sampler,
+            collate_fn=self._train_collator(dataset, description),
+            args=self.args,
+            drop_last=False,
+            seed=self.args.seed,
+        )
+
+    def num_examples(self, dataloader: torch.utils.data.DataLoader) -> int:
+        return data_utils.num_examples(dataloader)
+
+    def _prepare_inputs(self, inputs: Any) -> Any:
+        device = self.runtime.device
+        non_blocking = device.type == "cuda"
+        if isinstance(inputs, dict):
+            return type(inputs)({k: self._prepare_inputs(v) for k, v in inputs.items()})
+        if isinstance(inputs, (list, tuple)):
+            return type(inputs)(self._prepare_inputs(v) for v in inputs)
+        if isinstance(inputs, torch.Tensor):
+            return inputs.to(device, non_blocking=non_blocking)
+        return inputs
+
+    # ------------------------------------------------------------------ optimizer / schedule
+    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
+        self.create_optimizer()
+        self.create_scheduler(num_training_steps, self.optimizer)
+
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """AdamW (fused where supported) with no weight decay on biases and norm weights."""
+        if self.optimizer is None:
+            model = model or self.model
+            if self.optimizer_cls_and_kwargs is not None:
+                cls, kwargs = self.optimizer_cls_and_kwargs
+                decay = set(get_decay_parameter_names(model))
+                params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+                groups = [
+                    {"params": [p for n, p in params if n in decay], "weight_decay": self.args.weight_decay},
+                    {"params": [p for n, p in params if n not in decay], "weight_decay": 0.0},
+                ]
+                self.optimizer = cls([g for g in groups if g["params"]], **kwargs)
+            else:
+                self.optimizer = _create_optimizer(model, self.args)
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        if self.lr_scheduler is None:
+            self.lr_scheduler = get_scheduler(
+                self.args.lr_scheduler_type,
+                optimizer=optimizer or self.optimizer,
+                num_warmup_steps=self.args.get_warmup_steps(num_training_steps),
+                num_training_steps=num_training_steps,
+                scheduler_specific_kwargs=self.args.lr_scheduler_kwargs or {},
+            )
+            self._created_scheduler = True
+        return self.lr_scheduler
+
+    def get_learning_rates(self) -> list[float]:
+        if self.optimizer is None:
+            raise ValueError("The optimizer has not been created yet.")
+        return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def get_num_trainable_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+
+    def _amp_dtype(self, evaluating: bool = False) -> torch.dtype | None:
+        if evaluating and (self.args.bf16_full_eval or self.args.fp16_full_eval):
+            return None  # the model itself is cast
+        if self.args.bf16:
+            return torch.bfloat16
+        if self.args.fp16:
+            return torch.float16
+        return None
+
+    def compute_loss_context_manager(self) -> contextlib.AbstractContextManager:
+        return self.runtime.autocast(self._amp_dtype())
+
+    def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
+        return self.compute_loss_context_manager()
+
+    # ------------------------------------------------------------------ train
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        trial: Any = None,
+        ignore_keys_for_eval: list[str] | None = None,
+        **kwargs: Any,
+    ) -> TrainOutput:
+        """Run the training loop; `resume_from_checkpoint=True` takes the newest complete checkpoint."""
+        if kwargs:
+            raise TypeError(f"train() got unexpected keyword arguments: {sorted(kwargs)}")
+        if resume_from_checkpoint is False:
+            resume_from_checkpoint = None
+        self.is_in_train = True
+        self._memory_tracker.start("train")
+        args = self.args
+        self._trial = trial
+        if self.model_init is not None:
+            set_seed(args.seed)
+            self.model = self._place(self.call_model_init(trial))
+            self.model_wrapped = self.model
+            self._configure_model_facts()
+            self.optimizer, self.lr_scheduler = None, None
+        if getattr(self, "_created_scheduler", False):
+            self.lr_scheduler = None  # a scheduler the Trainer made is re-made for each train()
+        if args.eval_strategy != "no" and self.eval_dataset is None:
+            raise ValueError(
+                f"eval_strategy={args.eval_strategy.value if hasattr(args.eval_strategy, 'value') else args.eval_strategy!r}"
+                " needs an eval_dataset: pass one to the Trainer or set eval_strategy='no'."
+            )
+        resume_path = training_checkpoint.resolve_resume_path(self, resume_from_checkpoint)
+        try:
+            return self._inner_training_loop(resume_path, trial, ignore_keys_for_eval)
+        finally:
+            self.is_in_train = False
+
+    def _plan(self, dataloader: Any) -> tuple[int, int, int]:
+        """(micro-batches per epoch or 0, max_steps, num_train_epochs) for this run."""
+        args = self.args
+        ga = args.gradient_accumulation_steps
+        if data_utils.has_length(dataloader):
+            batches = len(dataloader)
+            updates_per_epoch = max(math.ceil(batches / ga), 1)
+            if args.max_steps > 0:
+                max_steps = args.max_steps
+                epochs = math.ceil(max_steps / updates_per_epoch)
+            else:
+                max_steps = math.ceil(args.num_train_epochs * updates_per_epoch)
+                epochs = math.ceil(args.num_train_epochs)
+            return batches, max_steps, epochs
+        return 0, args.max_steps, 2**62
+
+    def _inner_training_loop(self, resume_path: str | None, trial: Any, ignore_keys_for_eval) -> TrainOutput:
+        args, runtime = self.args, self.runtime
+        train_dataloader = self.get_train_dataloader()
+        steps_in_epoch, max_steps, num_train_epochs = self._plan(train_dataloader)
+
+        self.state = TrainerState(
+            is_local_process_zero=self.is_local_process_zero(),
+            is_world_process_zero=self.is_world_process_zero(),
+            train_batch_size=args.per_device_train_batch_size,
+            stateful_callbacks=training_checkpoint.callback_states(self),
+        )
+        self.state.is_hyper_param_search = trial is not None
+        self.state.compute_steps(args, max_steps)
+        self.state.init_training_references(self, max_steps, num_train_epochs, trial)
+        self.cursor = LoopCursor(steps_in_epoch=steps_in_epoch)
+
+        if args.gradient_checkpointing or getattr(args, "activation_checkpointing", False):
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
+        self.create_optimizer()
+        self.model_wrapped = runtime.wrap_model(self.model, args)
+        if args.torch_compile:
+            self.model_wrapped = torch.compile(
+                self.model_wrapped, backend=args.torch_compile_backend, mode=args.torch_compile_mode
+            )
+        self.create_scheduler(max_steps, self.optimizer)
+        self.scaler = runtime.grad_scaler(bool(args.fp16))
+        if resume_path is not None:
+            training_checkpoint.restore(self, resume_path, train_dataloader)
+        self.cursor.first_step_of_call = self.cursor.steps_applied
+        self._samples_at_start = self.cursor.samples_seen
+
+        handler = self.callback_handler
+        handler.model, handler.optimizer, handler.lr_scheduler = self.model, self.optimizer, self.lr_scheduler
+        handler.train_dataloader, handler.cursor = train_dataloader, self.cursor
+        self._loss_since_log = torch.tensor(self.cursor.loss_since_log, device=runtime.device)
+        self._grad_norm: torch.Tensor | float | None = None
+        self._last_lr: float | None = None
+        self._log_flops_and_tokens = self._wants_flops()
+        logger.info(
+            "***** Running training *****  examples/epoch=%s  epochs=%s  batch/device=%s  accumulation=%s  "
+            "processes=%s  optimizer steps=%s  trainable parameters=%s",
+            data_utils.num_examples(train_dataloader) if steps_in_epoch else "?",
+            num_train_epochs,
+            args.per_device_train_batch_size,
+            args.gradient_accumulation_steps,
+            runtime.world_size,
+            max_steps,
+            self.get_num_trainable_parameters(),
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        start_time = time.time()
+        self.control = handler.on_train_begin(args, self.state, self.control)
+        if args.eval_on_start and resume_path is None:
+            self._evaluate(trial, ignore_keys_for_eval, skip_scheduler=True)
+
+        for epoch in range(self.cursor.epoch, num_train_epochs):
+            if self.state.global_step >= max_steps:
+                break
+            self._run_epoch(train_dataloader, epoch, max_steps, trial, ignore_keys_for_eval)
+            if self.control.should_training_stop:
+                break
+        return self._finalize_training(start_time)
+
+    def _run_epoch(self, dataloader, epoch: int, max_steps: int, trial, ignore_keys_for_eval) -> None:
+        args, cursor, handler = self.args, self.cursor, self.callback_handler
+        ga = args.gradient_accumulation_steps
+        batches = self._epoch_batches(dataloader, epoch)
+        self.control = handler.on_epoch_begin(args, self.state, self.control)
+        ran_any = exhausted = False
+        while True:
+            micro_batches = list(islice(batches, ga))
+            if not micro_batches:
+                exhausted = True
+                break
+            ran_any = True
+            num_items = self._items_in_step(micro_batches)
+            self.control = handler.on_step_begin(args, self.state, self.control)
+            last = len(micro_batches) - 1
+            for i, inputs in enumerate(micro_batches):
+                self._advance_cursor(inputs)
+                with self.runtime.no_sync(self.model_wrapped, skip_sync=i < last):
+                    step_loss = self.training_step(self.model_wrapped, inputs, num_items)
+                self._accumulate_loss(step_loss)
+                if i < last:
+                    self.control = handler.on_substep_end(args, self.state, self.control)
+            del micro_batches
+            self._grad_norm = self._clip_gradients()
+            self.control = handler.on_pre_optimizer_step(args, self.state, self.control)
+            applied = self._optimizer_step()
+            self.control = handler.on_optimizer_step(args, self.state, self.control)
+            self._last_lr = self.optimizer.param_groups[0]["lr"]  # the rate this step applied
+            if applied and not self._scheduler_is_plateau():
+                self.lr_scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            cursor.steps_attempted += 1
+            cursor.steps_applied += int(applied)
+            cursor.steps_since_log += 1
+            self._sync_state()
+            self.control = handler.on_step_end(args, self.state, self.control)
+            self._maybe_log_save_evaluate(trial, ignore_keys_for_eval)
+            if self.control.should_epoch_stop or self.control.should_training_stop:
+                break
+            if self.state.global_step >= max_steps:
+                self.control.should_training_stop = True
+                break
+        if not ran_any and cursor.batch_in_epoch == 0:
+            logger.warning("Epoch %d produced no batch: stopping training.", epoch)
+            self.control.should_training_stop = True
+        # A run stopped mid-epoch keeps its position there, so a resume continues the same epoch.
+        if exhausted or self.control.should_epoch_stop or _epoch_done(cursor):
+            cursor.epoch, cursor.batch_in_epoch, cursor.samples_in_epoch = epoch + 1, 0, 0
+        self._sync_state()
+        self.control = handler.on_epoch_end(args, self.state, self.control)
+        self._maybe_log_save_evaluate(trial, ignore_keys_for_eval)
+
+    def _epoch_batches(self, dataloader, epoch: int):
+        """This epoch's batches, starting after those a resumed run already consumed."""
+        sampler = getattr(dataloader, "sampler", None)
+        dataset = getattr(dataloader, "dataset", None)
+        for obj in (dataloader, sampler, getattr(dataloader, "batch_sampler", None), dataset):
+            if hasattr(obj, "set_epoch"):
+                obj.set_epoch(epoch)
+        done = self.cursor.samples_in_epoch
+        if hasattr(sampler, "set_start"):
+            sampler.set_start(done)
+            return iter(dataloader)
+        skip = 0 if self._iterable_restored else self.cursor.batch_in_epoch
+        self._iterable_restored = False
+        return data_utils.skip_iterable(dataloader, skip) if skip else iter(dataloader)
+
+    def _items_in_step(self, micro_batches: list) -> torch.Tensor | None:
+        """Items (label targets, else samples) in this optimizer step over every process; None when
+        the step is one micro-batch on one process, where no reweighting is needed."""
+        distributed = self.runtime.distributed and self.args.average_tokens_across_devices
+        if len(micro_batches) == 1 and not distributed:
+            return None
+        total = sum(items_in_batch(b, self._label_shift) for b in micro_batches)
+        if distributed:
+            total = self.runtime.all_reduce(total.to(self.runtime.device))
+        return total
+
+    def _advance_cursor(self, inputs: Any) -> None:
+        cursor = self.cursor
+        n = batch_size(inputs)
+        cursor.batch_in_epoch += 1
+        cursor.samples_in_epoch += n
+        cursor.samples_seen += n
+        if self._log_flops_and_tokens:
+            ids = inputs.get("input_ids") if isinstance(inputs, dict) else None
+            cursor.tokens_seen += ids.numel() if isinstance(ids, torch.Tensor) else 0
+            cursor.flops_seen += self.floating_point_ops(inputs)
+        mode = self.args.include_num_input_tokens_seen
+        if mode != "no" and isinstance(inputs, dict):
+            mask = inputs.get("attention_mask")
+            ids = inputs.get("input_ids")
+            if mode == "non_padding" and isinstance(mask, torch.Tensor):
+                self.state.num_input_tokens_seen += int(mask.sum())
+            elif isinstance(ids, torch.Tensor):
+                self.state.num_input_tokens_seen += ids.numel()
+
+    def _accumulate_loss(self, step_loss: torch.Tensor) -> None:
+        if self.args.logging_nan_inf_filter:
+            # replace a non-finite loss by the running mean, on the device: no host sync
+            mean = self._loss_since_log / max(self.cursor.steps_since_log, 1)
+            step_loss = torch.where(torch.isfinite(step_loss), step_loss, mean)
+        self._loss_since_log += step_loss
+
+    def _sync_state(self) -> None:
+        self.state.global_step = self.cursor.steps_applied
+        self.state.optimizer_step_attempts = self.cursor.steps_attempted
+        self.state.epoch = self.cursor.fractional_epoch
+        self.state.total_flos = self.cursor.flops_seen * self.runtime.world_size
+
+    def _clip_gradients(self) -> torch.Tensor | None:
+        if self.args.max_grad_norm is None or self.args.max_grad_norm <= 0:
+            return None
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        model = self.model_wrapped
+        if hasattr(model, "clip_grad_norm_"):  # FSDP owns its clipping
+            return model.clip_grad_norm_(self.args.max_grad_norm)
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
+
+    def _optimizer_step(self) -> bool:
+        """Step the optimizer; False when the fp16 grad scaler skipped the update."""
+        if self.scaler is None:
+            self.optimizer.step()
+            return True
+        scale = self.scaler.get_scale()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return self.scaler.get_scale() >= scale
+
+    def _scheduler_is_plateau(self) -> bool:
+        return isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+    def training_step(
+        self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Forward and backward of one micro-batch; returns the detached loss that was backpropagated."""
+        model.train()
+        micro_items = items_in_batch(inputs, self._label_shift) if num_items_in_batch is not None else None
+        inputs = self._prepare_inputs(inputs)
+        with self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        del inputs
+        loss = self._scale_for_accumulation(loss, micro_items, num_items_in_batch)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        return loss.detach()
+
+    def _scale_for_accumulation(self, loss, micro_items, num_items_in_batch) -> torch.Tensor:
+        if num_items_in_batch is None:
+            return loss
+        scaled = self.loss_is_scaled_for_ga
+        if scaled is None:
+            labels = micro_items is not None
+            scaled = labels and (self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
+            scaled = scaled and self._passes_num_items
+        if not scaled:
+            loss = loss * (micro_items.to(loss.device) / num_items_in_batch.to(loss.device))
+        if self.runtime.distributed and self.args.average_tokens_across_devices:
+            loss = loss * self.runtime.world_size  # DDP averages gradients over processes
+        return loss
+
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | None = None,
+    ):
+        """The model's loss (or `compute_loss_func`'s, or label smoothing's) for one batch."""
+        labels = None
+        if (self.label_smoother is not None or self.compute_loss_func is not None) and "labels" in inputs:
+            inputs = dict(inputs)
+            labels = inputs.pop("labels")
+        passes = (
+            self.model_accepts_loss_kwargs
+            and num_items_in_batch is not None
+            and (labels is not None or "labels" in inputs)
+            and self.compute_loss_func is None
+            and self.label_smoother is None
+        )
+        self._passes_num_items = passes or self.compute_loss_func is not None or self.label_smoother is not None
+        if passes:
+            inputs = {**inputs, "num_items_in_batch": num_items_in_batch.to(self.runtime.device)}
+        outputs = model(**inputs)
+        if labels is not None:
+            if self.compute_loss_func is not None:
+                loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
+            else:
+                loss = self.label_smoother(
+                    outputs, labels, shift_labels=self._label_shift, num_items_in_batch=num_items_in_batch
+                )
+        elif isinstance(outputs, dict):
+            if outputs.get("loss") is None:
+                raise ValueError(
+                    "The model did not return a loss from the inputs it got. It returned the keys "
+                    f"{sorted(outputs.keys())}; the inputs had the keys {sorted(inputs.keys())}. "
+                    "Pass `labels` (or set `label_names`) or compute the loss in `compute_loss_func`."
+                )
+            loss = outputs["loss"]
+        else:
+            loss = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+        return (loss, outputs) if return_outputs else loss
+
+    _passes_num_items = False
+    _iterable_restored = False
+
+    # ------------------------------------------------------------------ log / evaluate / save
+    def _maybe_log_save_evaluate(self, trial, ignore_keys_for_eval) -> None:
+        if self.control.should_log and self.cursor.steps_since_log > 0:
+            self._log_training_window()
+        if self.control.should_evaluate:
+            is_new_best = self._evaluate(trial, ignore_keys_for_eval)
+            if self.args.save_strategy == "best":
+                self.control.should_save = is_new_best
+        if self.control.should_save:
+            self._save_checkpoint()
+            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+
+    def _log_training_window(self) -> None:
+        cursor = self.cursor
+        loss_sum = self.runtime.all_reduce(self._loss_since_log.clone(), "mean").item()
+        logs: dict[str, float] = {"loss": loss_sum / cursor.steps_since_log}
+        if self._grad_norm is not None:
+            gn = self._grad_norm
+            logs["grad_norm"] = gn.item() if isinstance(gn, torch.Tensor) else float(gn)
+        if self._last_lr is not None:
+            logs["learning_rate"] = float(self._last_lr)
+        cursor.loss_logged_total += loss_sum
+        cursor.steps_since_log = 0
+        self._loss_since_log.zero_()
+        self.log(logs)
+
+    def _wants_flops(self) -> bool:
+        return any(getattr(cb, "needs_flops", False) for cb in self.callback_handler.callbacks)
+
+    def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+        """FLOPs of one forward+backward on `inputs` (see flops.py for the sources, cached per shape)."""
+        return self._flops.per_batch(self.model, inputs)
+
+    def store_flos(self) -> None:
+        self.state.total_flos = self.cursor.flops_seen * self.runtime.world_size
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Record a row in log_history and send it to every callback's `on_log`."""
+        if self.state.epoch is not None:
+            logs["epoch"] = self.state.epoch
+        if self.args.include_num_input_tokens_seen != "no":
+            logs["num_input_tokens_seen"] = self.state.num_input_tokens_seen
+            if start_time is not None:
+                runtime = time.time() - start_time
+                logs["train_tokens_per_second"] = round(self.state.num_input_tokens_seen / max(runtime, 1e-9), 3)
+        self.control = self.callback_handler.on_pre_log(self.args, self.state, self.control, logs=logs)
+        self.state.log_history.append({**logs, "step": self.state.global_step})
+        self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs=logs)
+
+    def _evaluate(self, trial, ignore_keys_for_eval, skip_scheduler: bool = False) -> bool:
+        metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
+        if trial is not None and self.hp_search_backend is not None:
+            from .hpo import report_to_hp_search
+
+            report_to_hp_search(self, trial, metrics)
+        if self._scheduler_is_plateau() and not skip_scheduler:
+            self.lr_scheduler.step(metrics[self._metric_key()])
+        return self._determine_best_metric(metrics)
+
+    def _metric_key(self) -> str:
+        name = self.args.metric_for_best_model or "loss"
+        return name if name.startswith("eval_") else f"eval_{name}"
+
+    def _determine_best_metric(self, metrics: dict[str, float]) -> bool:
+        if self.args.metric_for_best_model is None:
+            return False
+        key = self._metric_key()
+        if key not in metrics:
+            raise KeyError(
+                f"metric_for_best_model={self.args.metric_for_best_model!r} gives the key {key!r}, which "
+                f"the evaluation did not return. It returned: {sorted(metrics)}."
+            )
+        value = metrics[key]
+        best = self.state.best_metric
+        greater = self.args.greater_is_better
+        if best is None or (value > best if greater else value < best):
+            self.state.best_metric = value
+            if self.args.save_strategy != "no":
+                self.state.best_global_step = self.state.global_step
+            return True
+        return False
+
+    def _save_checkpoint(self, model: nn.Module | None = None, trial: Any = None) -> None:
+        training_checkpoint.save(self)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Write the model (safetensors), the processing class and training_args.json."""
+        training_checkpoint.save_model(self, output_dir or self.args.output_dir)
+
+    def save_state(self) -> None:
+        """Write trainer_state.json to output_dir (main process only)."""
+        if self.is_world_process_zero():
+            self.state.save_to_json(os.path.join(self.args.output_dir, "trainer_state.json"))
+
+    def log_metrics(self, split: str, metrics: dict[str, float]) -> None:
+        """Print metrics in upstream's table format (main process only)."""
+        _log_metrics(split, metrics, is_world_process_zero=self.is_world_process_zero())
+
+    def save_metrics(self, split: str, metrics: dict[str, float], combined: bool = True) -> None:
+        """Write `<split>_results.json`, merged into `all_results.json` when combined."""
+        _save_metrics(
+            self.args.output_dir, split, metrics, combined, is_world_process_zero=self.is_world_process_zero()
+        )
+
+    def metrics_format(self, metrics: dict[str, float]) -> dict[str, Any]:
+        return _metrics_format(metrics)
+
+    def _finalize_training(self, start_time: float) -> TrainOutput:
+        cursor, args = self.cursor, self.args
+        if cursor.steps_since_log > 0 and args.logging_strategy != "no":
+            self._log_training_window()  # the last partial window gets its row too
+        elif cursor.steps_since_log > 0:  # unlogged steps still count in train_loss
+            cursor.loss_logged_total += self.runtime.all_reduce(self._loss_since_log.clone(), "mean").item()
+            cursor.steps_since_log = 0
+            self._loss_since_log.zero_()
+        train_loss = cursor.loss_logged_total / max(cursor.steps_attempted, 1)
+        steps_run = cursor.steps_applied - cursor.first_step_of_call
+        samples_run = (cursor.samples_seen - self._samples_at_start) * self.runtime.world_size
+        metrics = speed_metrics("train", start_time, num_samples=samples_run, num_steps=steps_run)
+        self.store_flos()
+        metrics["total_flos"] = self.state.total_flos
+        metrics["train_loss"] = train_loss
+        self._memory_tracker.stop_and_update_metrics("train", metrics)
+        self.log(metrics)
+        if args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
+            training_checkpoint.load_best_model(self)
+        training_checkpoint.cleanup_after_training(self)
+        self.control = self.callback_handler.on_train_end(args, self.state, self.control)
+        return TrainOutput(self.state.global_step, train_loss, metrics)
+
+    # ------------------------------------------------------------------ evaluate / predict
+    def evaluate(
+        self,
+        eval_dataset: Dataset | dict[str, Dataset] | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> dict[str, float]:
+        """Evaluate; with a dict of datasets, each one's metrics are prefixed `eval_<name>_`."""
+        datasets = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if isinstance(datasets, dict):
+            metrics: dict[str, float] = {}
+            for name, dataset in datasets.items():
+                metrics.update(
+                    self.evaluate(
+                        eval_dataset=dataset if eval_dataset is not None else name,
+                        ignore_keys=ignore_keys,
+                        metric_key_prefix=f"{metric_key_prefix}_{name}",
+                    )
+                )
+            return metrics
+        self._memory_tracker.start("eval")
+        dataloader = self.get_eval_dataloader(eval_dataset)
+        start = time.time()
+        output = self.evaluation_loop(
+            dataloader,
+            description="Evaluation",
+            prediction_loss_only=True if self.compute_metrics is None else None,
+            ignore_keys=ignore_keys,
+            metric_key_prefix=metric_key_prefix,
+        )
+        bs = self.args.per_device_eval_batch_size * self.runtime.world_size
+        output.metrics.update(
+            speed_metrics(
+                metric_key_prefix, start, num_samples=output.num_samples, num_steps=math.ceil(output.num_samples / bs)
+            )
+        )
+        self.log(output.metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=output.metrics)
+        self._memory_tracker.stop_and_update_metrics("eval", output.metrics)
+        return output.metrics
+
+    def predict(
+        self, test_dataset: Dataset, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
+    ) -> PredictionOutput:
+        """Predictions (padded with -100 across batches), labels and metrics for a dataset."""
+        self._memory_tracker.start("test")
+        dataloader = self.get_test_dataloader(test_dataset)
+        start = time.time()
+        output = self.evaluation_loop(
+            dataloader, description="Prediction", ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix
+        )
+        bs = self.args.per_device_eval_batch_size * self.runtime.world_size
+        output.metrics.update(
+            speed_metrics(
+                metric_key_prefix, start, num_samples=output.num_samples, num_steps=math.ceil(output.num_samples / bs)
+            )
+        )
+        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics=output.metrics)
+        self._memory_tracker.stop_and_update_metrics("test", output.metrics)
+        return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=output.metrics)
+
+    def _model_for_eval(self) -> nn.Module:
+        model = self.model
+        if not self.is_in_train and (self.args.fp16_full_eval or self.args.bf16_full_eval):
+            dtype = torch.float16 if self.args.fp16_full_eval else torch.bfloat16
+            model = model.to(dtype=dtype, device=self.runtime.device)
+        return model
+
+    def evaluation_loop(
+        self,
+        dataloader: torch.utils.data.DataLoader,
+        description: str,
+        prediction_loss_only: bool | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> EvalLoopOutput:
+        """Run `prediction_step` over a dataloader, streaming results to the CPU."""
+        args = self.args
+        if prediction_loss_only is None:
+            prediction_loss_only = args.prediction_loss_only
+        model = self._model_for_eval()
+        model.eval()
+        if hasattr(self.optimizer, "eval") and callable(self.optimizer.eval):
+            self.optimizer.eval()
+        self.callback_handler.eval_dataloader = dataloader
+        include = set(args.include_for_metrics or [])
+        gatherer = EvalGatherer(
+            self.runtime,
+            offload_every=args.eval_accumulation_steps or 1,
+            keep_outputs=not prediction_loss_only and not args.batch_eval_metrics,
+            do_concat=args.eval_do_concat_batches,
+        )
+        batch_metrics = args.batch_eval_metrics and self.compute_metrics is not None
+        num_batches = len(dataloader) if data_utils.has_length(dataloader) else None
+        metrics: dict[str, Any] = {}
+        observed = 0
+        for step, inputs in enumerate(dataloader):
+            n = batch_size(inputs)
+            observed += n
+            loss, logits, labels = self.prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+            if logits is not None and self.preprocess_logits_for_metrics is not None:
+                logits = self.preprocess_logits_for_metrics(logits, labels)
+            model_inputs = inputs.get("input_ids") if "inputs" in include and isinstance(inputs, dict) else None
+            gatherer.add(loss=loss, batch_size=n, predictions=logits, labels=labels, inputs=model_inputs)
+            if batch_metrics and logits is not None and labels is not None:
+                last = num_batches is not None and step == num_batches - 1
+                metrics = self.compute_metrics(
+                    EvalPrediction(predictions=logits, label_ids=labels, inputs=model_inputs), compute_result=last
+                )
+            self.control = self.callback_handler.on_prediction_step(args, self.state, self.control)
+        num_samples = data_utils.num_examples(dataloader) if data_utils.has_length(dataloader.dataset) else None
+        result = gatherer.finish(num_samples)
+        num_samples = num_samples if num_samples is not None else result.num_samples
+        if self.compute_metrics is not None and result.predictions is not None and result.label_ids is not None:
+            if not batch_metrics:
+                pred = EvalPrediction(
+                    predictions=result.predictions,
+                    label_ids=result.label_ids,
+                    inputs=result.inputs if "inputs" in include else None,
+                    losses=result.losses if "loss" in include else None,
+                )
+                metrics = self.compute_metrics(pred)
+        metrics = denumpify_detensorize(dict(metrics or {}))
+        if result.loss is not None:
+            metrics["loss"] = result.loss
+        for key in list(metrics):
+            if not key.startswith(f"{metric_key_prefix}_"):
+                metrics[f"{metric_key_prefix}_{key}"] = metrics.pop(key)
+        return EvalLoopOutput(
+            predictions=result.predictions, label_ids=result.label_ids, metrics=metrics, num_samples=num_samples
+        )
+
+    def prediction_step(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+    ) -> tuple[torch.Tensor | None, Any, Any]:
+        """(loss, logits, labels) for one batch, without gradients."""
+        has_labels = bool(self.label_names) and all(inputs.get(k) is not None for k in self.label_names)
+        return_loss = inputs.get("return_loss")
+        loss_without_labels = bool(return_loss) if return_loss is not None else self.can_return_loss
+        inputs = self._prepare_inputs(inputs)
+        if ignore_keys is None:
+            config = getattr(model, "config", None)
+            ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", ["past_key_values"]) or [])
+        labels = None
+        if has_labels:
+            found = tuple(_nested_detach(inputs.get(name)) for name in self.label_names)
+            labels = found[0] if len(found) == 1 else found
+        with torch.no_grad(), self.runtime.autocast(self._amp_dtype(evaluating=True)):
+            if has_labels or loss_without_labels:
+                loss, outputs = self.compute_loss(model, inputs, return_outputs=True)
+                loss = loss.detach().mean()
+                skip = set(ignore_keys) | {"loss"}
+                if isinstance(outputs, dict):
+                    logits = tuple(v for k, v in outputs.items() if k not in skip)
+                else:
+                    logits = outputs[1:] if isinstance(outputs, (tuple, list)) else ()
+            else:
+                loss = None
+                outputs = model(**inputs)
+                if isinstance(outputs, dict):
+                    logits = tuple(v for k, v in outputs.items() if k not in set(ignore_keys))
+                else:
+                    logits = outputs
+        if prediction_loss_only:
+            return loss, None, None
+        logits = _nested_detach(logits)
+        if isinstance(logits, (tuple, list)) and len(logits) == 1:
+            logits = logits[0]
+        if isinstance(logits, (tuple, list)) and len(logits) == 0:
+            logits = None
+        return loss, logits, labels
+
+    # ------------------------------------------------------------------ hyperparameter search
+    def hyperparameter_search(self, *args: Any, **kwargs: Any):
+        """Search hyperparameters with optuna (see `trainwright.hpo`)."""
+        from .hpo import run_hyperparameter_search
+
+        return run_hyperparameter_search(self, *args, **kwargs)
+
+
+def _signature_params(fn: Callable) -> list:
+    import inspect
+
+    return list(inspect.signature(fn).parameters.values())
+
+
+def _forward_params(model: nn.Module) -> list[str]:
+    import inspect
+
+    return list(inspect.signature(model.forward).parameters)
+
+
+def _is_hf_dataset(dataset: Any) -> bool:
+    return type(dataset).__module__.startswith("datasets.") and hasattr(dataset, "column_names")
+
+
+def _epoch_done(cursor: LoopCursor) -> bool:
+    return cursor.steps_in_epoch > 0 and cursor.batch_in_epoch >= cursor.steps_in_epoch

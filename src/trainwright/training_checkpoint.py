@@ -1,0 +1,273 @@
+"""What a training checkpoint holds, and how the Trainer writes and restores it.
+
+The file-level work (atomic folders, safetensors, weights-only loading, RNG files, rotation) is in
+`checkpoint.py`; this module decides what goes in and puts it back: model, optimizer, scheduler,
+scaler, TrainerState, the loop cursor with the sampler position (data_state.json), stateful
+callbacks and every process's RNG, so that a resumed run continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from . import checkpoint as ckpt
+from .state import ExportableState, LoopCursor, TrainerState
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+logger = logging.getLogger(__name__)
+
+# Arguments that change what a saved position means; a resume with other values is refused.
+_POSITION_ARGS = ("per_device_train_batch_size", "gradient_accumulation_steps")
+
+
+def run_dir(trainer: Trainer) -> str:
+    trial = trainer._trial
+    if trial is None or trainer.hp_search_backend is None:
+        return trainer.args.output_dir
+    from .hpo import trial_run_name
+
+    return os.path.join(trainer.args.output_dir, trial_run_name(trainer, trial))
+
+
+# ---------------------------------------------------------------------- choosing what to resume
+def resolve_resume_path(trainer: Trainer, resume: str | bool | None) -> str | None:
+    """The checkpoint folder to resume from, checked before any work is done."""
+    if resume is None:
+        resume = trainer.args.resume_from_checkpoint
+    if resume is None or resume is False:
+        return None
+    if resume is True:
+        path = ckpt.get_last_checkpoint(trainer.args.output_dir) if os.path.isdir(trainer.args.output_dir) else None
+        if path is None:
+            raise ValueError(f"No valid checkpoint found in output directory ({trainer.args.output_dir}).")
+    else:
+        path = str(resume)
+        if not os.path.isdir(path):
+            raise ValueError(f"Can't find a valid checkpoint at {path}: no such folder.")
+    needed = ["model", "trainer_state"]
+    if not trainer.args.save_only_model and os.path.exists(os.path.join(path, ckpt.OPTIMIZER_NAME)):
+        needed += ["optimizer", "scheduler"]
+    problems = ckpt.check_checkpoint_files(path, need=tuple(needed))
+    if problems:
+        raise ValueError(f"Can't resume from {path}: " + "; ".join(problems))
+    return path
+
+
+# ---------------------------------------------------------------------- callbacks' state
+def callback_states(trainer: Trainer) -> dict[str, Any]:
+    """{ClassName: {"args", "attributes"}} of callbacks that export state, plus TrainerControl."""
+    states: dict[str, Any] = {}
+    for cb in [*trainer.callback_handler.callbacks, trainer.control]:
+        if not isinstance(cb, ExportableState) or not callable(getattr(cb, "state", None)):
+            continue
+        name = type(cb).__name__
+        if name in states:
+            existing = states[name]
+            states[name] = [*(existing if isinstance(existing, list) else [existing]), cb.state()]
+        else:
+            states[name] = cb.state()
+    return states
+
+
+def _restore_callback_states(trainer: Trainer, saved: dict[str, Any]) -> None:
+    """Put saved attributes back into the live callbacks of the same class (by order for several
+    of one class). With `restore_callback_states_from_checkpoint` constructor args and the
+    TrainerControl come back too, as upstream does."""
+    full = trainer.args.restore_callback_states_from_checkpoint
+    by_class: dict[str, list] = {}
+    for cb in trainer.callback_handler.callbacks:
+        by_class.setdefault(type(cb).__name__, []).append(cb)
+    for name, value in saved.items():
+        entries = value if isinstance(value, list) else [value]
+        if name == "TrainerControl":
+            if full:
+                for k, v in entries[0].get("args", {}).items():
+                    setattr(trainer.control, k, v)
+            continue
+        live = by_class.get(name, [])
+        if not live:
+            logger.warning("Checkpoint has state for callback %s, which this Trainer does not have.", name)
+            continue
+        for cb, entry in zip(live, entries):
+            if full:
+                new = type(cb)(**entry.get("args", {}))
+                trainer.callback_handler.remove_callback(cb)
+                trainer.callback_handler.add_callback(new)
+                cb = new
+            for k, v in entry.get("attributes", {}).items():
+                setattr(cb, k, v)
+
+
+# ---------------------------------------------------------------------- saving
+def save(trainer: Trainer) -> str:
+    """Write checkpoint-<global_step> atomically, then rotate old ones."""
+    args, state, runtime = trainer.args, trainer.state, trainer.runtime
+    trainer.store_flos()
+    folder = run_dir(trainer)
+    name = f"{ckpt.PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+    final_path = os.path.join(folder, name)
+    if state.best_global_step is not None:
+        best = os.path.join(folder, f"{ckpt.PREFIX_CHECKPOINT_DIR}-{state.best_global_step}")
+        if state.best_global_step == state.global_step or os.path.isdir(best):
+            state.best_model_checkpoint = best
+    state.stateful_callbacks = callback_states(trainer)
+    cursor = trainer.cursor
+    cursor.loss_since_log = float(trainer._loss_since_log.item())
+    main = runtime.is_main_process or (args.save_on_each_node and runtime.is_local_main_process)
+
+    def write(tmp: str) -> None:
+        if main:
+            _write_model(trainer, tmp)
+        if not args.save_only_model:
+            if main:
+                ckpt.save_torch_state(trainer.optimizer.state_dict(), os.path.join(tmp, ckpt.OPTIMIZER_NAME))
+                ckpt.save_torch_state(trainer.lr_scheduler.state_dict(), os.path.join(tmp, ckpt.SCHEDULER_NAME))
+                if trainer.scaler is not None:
+                    ckpt.save_torch_state(trainer.scaler.state_dict(), os.path.join(tmp, ckpt.SCALER_NAME))
+            ckpt.save_rng_state(tmp, runtime.rank, runtime.world_size)
+        if main:
+            ckpt.write_json(os.path.join(tmp, ckpt.DATA_STATE_NAME), _data_state(trainer))
+            state.save_to_json(os.path.join(tmp, ckpt.TRAINER_STATE_NAME))
+
+    path = ckpt.write_checkpoint(folder, name, write, runtime=runtime)
+    if main and args.save_total_limit is not None:
+        ckpt.rotate_checkpoints(folder, args.save_total_limit, best_model_checkpoint=state.best_model_checkpoint)
+    runtime.barrier()
+    return path if path else final_path
+
+
+def _data_state(trainer: Trainer) -> dict[str, Any]:
+    args = trainer.args
+    dataloader = trainer.callback_handler.train_dataloader
+    dataset = getattr(dataloader, "dataset", None)
+    out: dict[str, Any] = {
+        "cursor": trainer.cursor.to_dict(),
+        "world_size": trainer.runtime.world_size,
+        "dataset_length": len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None,
+        "seed": args.data_seed if args.data_seed is not None else args.seed,
+        **{k: getattr(args, k) for k in _POSITION_ARGS},
+    }
+    sampler = getattr(dataloader, "sampler", None)
+    if hasattr(sampler, "state_dict"):
+        out["sampler"] = sampler.state_dict()
+    if dataset is not None and callable(getattr(dataset, "state_dict", None)):
+        out["dataset_state"] = dataset.state_dict()
+    return out
+
+
+def _write_model(trainer: Trainer, directory: str) -> None:
+    ckpt.save_model_weights(trainer.model, directory, max_shard_size=trainer.args.save_max_shard_size)
+    ckpt.write_json(os.path.join(directory, ckpt.TRAINING_ARGS_NAME), trainer.args.to_dict())
+    processing = trainer.processing_class
+    if processing is None:
+        processing = getattr(trainer.data_collator, "tokenizer", None)
+    if processing is not None and hasattr(processing, "save_pretrained"):
+        processing.save_pretrained(directory)
+
+
+def save_model(trainer: Trainer, output_dir: str) -> None:
+    """`Trainer.save_model`: weights, processing class and training_args.json (main process)."""
+    if trainer.runtime.is_main_process or (trainer.args.save_on_each_node and trainer.runtime.is_local_main_process):
+        os.makedirs(output_dir, exist_ok=True)
+        _write_model(trainer, output_dir)
+    trainer.runtime.barrier()
+
+
+# ---------------------------------------------------------------------- restoring
+def restore(trainer: Trainer, path: str, train_dataloader: Any) -> None:
+    """Load everything a checkpoint holds into the Trainer, refusing a resume whose arguments
+    change the meaning of the saved position (unless ignore_data_skip)."""
+    args, runtime = trainer.args, trainer.runtime
+    data_state = ckpt.read_json(os.path.join(path, ckpt.DATA_STATE_NAME)) if _has(path, ckpt.DATA_STATE_NAME) else None
+    saved_state = TrainerState.load_from_json(os.path.join(path, ckpt.TRAINER_STATE_NAME))
+    if data_state is not None and not args.ignore_data_skip:
+        _check_position_args(trainer, data_state, train_dataloader, path)
+
+    ckpt.load_model_weights(trainer.model, path)
+    if _has(path, ckpt.OPTIMIZER_NAME) and _has(path, ckpt.SCHEDULER_NAME):
+        trainer.optimizer.load_state_dict(ckpt.safe_torch_load(os.path.join(path, ckpt.OPTIMIZER_NAME)))
+        trainer.lr_scheduler.load_state_dict(ckpt.safe_torch_load(os.path.join(path, ckpt.SCHEDULER_NAME)))
+    if trainer.scaler is not None and _has(path, ckpt.SCALER_NAME):
+        trainer.scaler.load_state_dict(ckpt.safe_torch_load(os.path.join(path, ckpt.SCALER_NAME)))
+
+    state = trainer.state
+    for key in ("global_step", "epoch", "log_history", "best_metric", "best_global_step", "total_flos",
+                "num_input_tokens_seen", "optimizer_step_attempts", "stateful_callbacks", "trial_name",
+                "trial_params"):
+        setattr(state, key, getattr(saved_state, key))
+    best = saved_state.best_model_checkpoint
+    if best is not None and not os.path.isdir(best):
+        logger.warning("The best checkpoint recorded in %s (%s) no longer exists; forgetting it.", path, best)
+        best = None
+    state.best_model_checkpoint = best
+    _restore_callback_states(trainer, saved_state.stateful_callbacks or {})
+
+    if data_state is not None:
+        cursor = LoopCursor.from_dict(data_state["cursor"])
+        cursor.steps_in_epoch = trainer.cursor.steps_in_epoch
+    else:  # a transformers checkpoint: rebuild the position from global_step, as upstream does
+        cursor = _cursor_from_global_step(trainer, saved_state.global_step)
+    if args.ignore_data_skip:
+        cursor.batch_in_epoch = cursor.samples_in_epoch = 0
+    trainer.cursor = cursor
+    dataset = getattr(train_dataloader, "dataset", None)
+    if data_state is not None and "dataset_state" in data_state and hasattr(dataset, "load_state_dict"):
+        dataset.load_state_dict(data_state["dataset_state"])
+        trainer._iterable_restored = True
+    if not args.save_only_model and not ckpt.load_rng_state(path, runtime.rank, runtime.world_size):
+        logger.info("No RNG state for process %d in %s: reproducibility is not guaranteed.", runtime.rank, path)
+    logger.info("Resumed from %s at step %d (epoch %d, batch %d of it).", path, cursor.steps_applied,
+                cursor.epoch, cursor.batch_in_epoch)
+
+
+def _has(path: str, name: str) -> bool:
+    return os.path.isfile(os.path.join(path, name))
+
+
+def _check_position_args(trainer: Trainer, data_state: dict, dataloader: Any, path: str) -> None:
+    now: dict[str, Any] = {k: getattr(trainer.args, k) for k in _POSITION_ARGS}
+    now["world_size"] = trainer.runtime.world_size
+    dataset = getattr(dataloader, "dataset", None)
+    now["dataset_length"] = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None
+    changed = [f"{k}: {data_state.get(k)} in the checkpoint, {v} now" for k, v in now.items() if data_state.get(k) != v]
+    if changed:
+        raise ValueError(
+            f"Can't resume exactly from {path}: " + "; ".join(changed) + ". These change which samples the saved "
+            "position points to. Restore the original values, or pass ignore_data_skip=True to restart the "
+            "current epoch from its first batch."
+        )
+
+
+def _cursor_from_global_step(trainer: Trainer, global_step: int) -> LoopCursor:
+    ga = trainer.args.gradient_accumulation_steps
+    batches = trainer.cursor.steps_in_epoch
+    cursor = LoopCursor(steps_in_epoch=batches, steps_applied=global_step, steps_attempted=global_step)
+    if batches:
+        updates = max(-(-batches // ga), 1)
+        cursor.epoch = global_step // updates
+        cursor.batch_in_epoch = min((global_step % updates) * ga, batches)
+        cursor.samples_in_epoch = cursor.batch_in_epoch * trainer.args.per_device_train_batch_size
+    return cursor
+
+
+def load_best_model(trainer: Trainer) -> None:
+    best = trainer.state.best_model_checkpoint
+    logger.info("Loading the best model from %s (score: %s).", best, trainer.state.best_metric)
+    ckpt.load_model_weights(trainer.model, best)
+
+
+def cleanup_after_training(trainer: Trainer) -> None:
+    """With save_total_limit=1, keep only the best checkpoint once training is over (upstream)."""
+    args, state = trainer.args, trainer.state
+    if args.save_total_limit != 1 or state.best_model_checkpoint is None or not trainer.runtime.is_main_process:
+        return
+    folder = run_dir(trainer)
+    for path in ckpt.sort_checkpoints(folder):
+        if os.path.abspath(path) != os.path.abspath(state.best_model_checkpoint):
+            logger.info("Deleting %s (save_total_limit=1 keeps the best checkpoint).", path)
+            ckpt.delete_checkpoint(path)
+

@@ -1,0 +1,113 @@
+"""Shared test fixtures: small real models and datasets (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(1)
+
+
+class RegressionDataset(Dataset):
+    """y = a*x + b + noise, items {"input_x", "labels"} (as upstream's test helper)."""
+
+    def __init__(self, a: float = 2.0, b: float = 3.0, length: int = 64, seed: int = 42, label_names=None):
+        rng = np.random.default_rng(seed)
+        self.label_names = ["labels"] if label_names is None else label_names
+        self.x = rng.normal(size=(length,)).astype(np.float32)
+        self.ys = [a * self.x + b + rng.normal(scale=0.1, size=(length,)).astype(np.float32) for _ in self.label_names]
+        self.getitem_calls = 0
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict:
+        self.getitem_calls += 1
+        item = {name: y[i] for name, y in zip(self.label_names, self.ys)}
+        item["input_x"] = self.x[i]
+        return item
+
+
+class RegressionModel(nn.Module):
+    """y = a*x + b; returns (mse, y) with labels, (y,) without."""
+
+    def __init__(self, a: float = 0.0, b: float = 0.0, double_output: bool = False):
+        super().__init__()
+        self.a = nn.Parameter(torch.tensor(float(a)))
+        self.b = nn.Parameter(torch.tensor(float(b)))
+        self.double_output = double_output
+
+    def forward(self, input_x, labels=None):
+        y = input_x * self.a + self.b
+        if labels is None:
+            return (y, y) if self.double_output else (y,)
+        loss = nn.functional.mse_loss(y, labels)
+        return (loss, y, y) if self.double_output else (loss, y)
+
+
+class DropoutMLP(nn.Module):
+    """Small MLP with dropout (exercises RNG restore), returns a dict."""
+
+    def __init__(self, d_in: int = 8, hidden: int = 16, p: float = 0.1):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Dropout(p), nn.Linear(hidden, 1))
+
+    def forward(self, x, labels=None):
+        out = self.net(x).squeeze(-1)
+        result = {"logits": out}
+        if labels is not None:
+            result["loss"] = nn.functional.mse_loss(out, labels)
+        return result
+
+
+class VectorDataset(Dataset):
+    def __init__(self, n: int = 64, d: int = 8, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, d, generator=g)
+        self.y = self.x.sum(-1) + 0.1 * torch.randn(n, generator=g)
+        self.getitem_calls = 0
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict:
+        self.getitem_calls += 1
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+def tiny_gpt2(vocab: int = 64, n_layer: int = 2, n_embd: int = 32, seed: int = 0):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(
+        n_layer=n_layer, n_embd=n_embd, n_head=2, vocab_size=vocab, n_positions=64, bos_token_id=0, eos_token_id=0
+    )
+    return transformers.GPT2LMHeadModel(config)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_logs():
+    logging.getLogger("trainwright").setLevel(logging.WARNING)
+    yield
+
+
+@pytest.fixture
+def make_args(tmp_path):
+    from trainwright.args import TrainingArguments
+
+    def make(**kw):
+        kw.setdefault("output_dir", str(tmp_path / "out"))
+        kw.setdefault("report_to", "none")
+        kw.setdefault("disable_tqdm", True)
+        kw.setdefault("save_strategy", "no")
+        kw.setdefault("use_cpu", True)
+        return TrainingArguments(**kw)
+
+    return make

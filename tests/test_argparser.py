@@ -1,0 +1,615 @@
+"""Tests for trainwright.argparser (HfArgumentParser-compatible dataclass parsing)."""
+
+# String annotations on purpose: every dataclass below goes through typing.get_type_hints.
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Literal, Optional, Union
+
+import pytest
+import yaml
+
+from trainwright.argparser import HfArg, HfArgumentParser, string_to_bool
+
+
+class Color(Enum):
+    RED = "red"
+    GREEN = "green"
+
+
+class Level(Enum):
+    LOW = 1
+    HIGH = 2
+
+
+class Mode(str, Enum):
+    FAST = "fast"
+    SLOW = "slow"
+
+
+@dataclass
+class Scalars:
+    name: str
+    steps: int = 10
+    ratio: float = 0.5
+    path: Optional[Path] = None
+    count: int | None = None
+
+
+@dataclass
+class Flags:
+    bare: bool = HfArg(help="no default: an off-by-default flag")
+    debug: bool = False
+    verbose: bool = True
+    maybe: Optional[bool] = None
+    maybe_on: bool | None = True
+    tokens: Union[bool, str] = False
+    seen: Union[str, bool] = "no"
+    debug_opts: Union[str, list[Color]] = ""
+
+
+@dataclass
+class Choices:
+    color: Color = Color.RED
+    level: Level = Level.LOW
+    mode: Union[Mode, str] = "fast"
+    speed: Mode = Mode.SLOW  # a str-mixin member default goes through the converter as a str
+    opt: Literal["a", "b", 3] = "a"
+    palette: list[Color] = field(default_factory=lambda: [Color.RED])
+
+
+@dataclass
+class Containers:
+    tags: list[str] = field(default_factory=lambda: ["x"])
+    sizes: Optional[list[int]] = None
+    extra: dict = field(default_factory=dict)
+    cfg: Union[dict, str, None] = None
+    budget: Union[int, str] = 5
+
+
+@dataclass
+class Model:
+    _argument_group_name = "Model options"
+    hidden: int = HfArg(default=32, aliases=["--width", "-w"], help="hidden size")
+    dropout: float = HfArg(default=0.1, metadata={"metavar": "P", "other_tool_key": 1})
+
+
+@dataclass
+class Train:
+    learning_rate: float = 1e-3
+    epochs: int = 1
+    run_name: str = HfArg(default="run")
+    internal: int = field(default=7, init=False)
+
+
+def parse(dtypes, argv, **kwargs):
+    return HfArgumentParser(dtypes).parse_args_into_dataclasses(argv, look_for_args_file=False, **kwargs)
+
+
+# ---------------------------------------------------------------- string_to_bool / HfArg
+
+
+@pytest.mark.parametrize("text", ["yes", "TRUE", "t", "Y", "1", "True"])
+def test_string_to_bool_true(text):
+    assert string_to_bool(text) is True
+
+
+@pytest.mark.parametrize("text", ["no", "False", "F", "n", "0", "NO"])
+def test_string_to_bool_false(text):
+    assert string_to_bool(text) is False
+
+
+def test_string_to_bool_rejects_other_strings_and_passes_bools():
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a boolean.*'maybe'"):
+        string_to_bool("maybe")
+    assert string_to_bool(True) is True and string_to_bool(False) is False
+
+
+def test_hfarg_builds_field_with_metadata():
+    f = HfArg(aliases="--x", help="h", default=3, metadata={"k": 1})
+    assert f.default == 3 and dict(f.metadata) == {"k": 1, "aliases": "--x", "help": "h"}
+    g = HfArg(default_factory=list)
+    assert g.default_factory is list and dict(g.metadata) == {}
+    with pytest.raises(ValueError):
+        HfArg(default=1, default_factory=list)
+
+
+# ---------------------------------------------------------------- scalars, required, defaults
+
+
+def test_scalars_defaults_and_conversion():
+    (s,) = parse(Scalars, ["--name", "n"])
+    assert s == Scalars(name="n")
+    (s,) = parse(Scalars, ["--name", "n", "--steps", "3", "--ratio", "2e-1", "--path", "a/b", "--count", "4"])
+    assert (s.steps, s.ratio, s.path, s.count) == (3, 0.2, Path("a/b"), 4)
+
+
+def test_required_field_missing_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit):
+        parse(Scalars, [])
+    assert "required: --name" in capsys.readouterr().err
+
+
+def test_bad_int_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit):
+        parse(Scalars, ["--name", "n", "--steps", "three"])
+    assert "--steps" in capsys.readouterr().err
+
+
+def test_dash_alias_and_metadata_aliases():
+    (s,) = parse(Scalars, ["--name", "n", "--count", "2"])
+    (m,) = parse(Model, ["--width", "64"])
+    assert m.hidden == 64 and s.count == 2
+    (m,) = parse(Model, ["-w", "16", "--dropout", "0.3"])
+    assert (m.hidden, m.dropout) == (16, 0.3)
+    (t,) = parse(Train, ["--learning-rate", "0.5", "--run-name", "r"])
+    assert (t.learning_rate, t.run_name) == (0.5, "r")
+
+
+def test_init_false_fields_get_no_option():
+    parser = HfArgumentParser(Train)
+    assert "--internal" not in parser._option_string_actions
+    (t,) = parser.parse_args_into_dataclasses([], look_for_args_file=False)
+    assert t.internal == 7
+
+
+def test_default_factory_gives_a_fresh_object_per_parse():
+    parser = HfArgumentParser(Containers)
+    (a,) = parser.parse_args_into_dataclasses([], look_for_args_file=False)
+    (b,) = parser.parse_args_into_dataclasses([], look_for_args_file=False)
+    assert a.tags == ["x"] and a.extra == {}
+    a.tags.append("mutated")
+    assert b.tags == ["x"] and a.tags is not b.tags
+
+
+# ---------------------------------------------------------------- bools
+
+
+def test_bool_flag_forms():
+    (f,) = parse(Flags, [])
+    assert (f.debug, f.verbose, f.bare, f.maybe, f.maybe_on, f.tokens) == (
+        False,
+        True,
+        False,
+        None,
+        True,
+        False,
+    )
+    (f,) = parse(Flags, ["--debug", "--bare"])
+    assert f.debug is True and f.bare is True
+    (f,) = parse(Flags, ["--debug", "no", "--verbose", "false"])
+    assert f.debug is False and f.verbose is False
+
+
+@pytest.mark.parametrize("flag", ["--no_verbose", "--no-verbose"])
+def test_no_flag_for_true_defaults(flag):
+    (f,) = parse(Flags, [flag])
+    assert f.verbose is False
+    (f,) = parse(Flags, ["--no_maybe_on"])
+    assert f.maybe_on is False
+
+
+def test_no_flag_only_exists_for_true_defaults():
+    parser = HfArgumentParser(Flags)
+    assert "--no_verbose" in parser._option_string_actions
+    assert "--no-maybe-on" in parser._option_string_actions
+    assert "--no_debug" not in parser._option_string_actions
+    assert "--no_maybe" not in parser._option_string_actions
+
+
+def test_no_flag_help_does_not_show_a_misleading_default():
+    text = " ".join(HfArgumentParser(Flags).format_help().split())
+    assert "Set verbose to False (same as --verbose false)." in text
+    assert "false). (default" not in text
+
+
+def test_invalid_bool_value_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit):
+        parse(Flags, ["--debug", "perhaps"])
+    assert "expected a boolean" in capsys.readouterr().err
+
+
+def test_optional_bool_with_none_default_needs_a_value(capsys):
+    (f,) = parse(Flags, ["--maybe", "YES"])
+    assert f.maybe is True
+    with pytest.raises(SystemExit):
+        parse(Flags, ["--maybe"])
+    assert "--maybe" in capsys.readouterr().err
+
+
+def test_str_unions_keep_their_string_default_as_written():
+    (f,) = parse(Flags, [])
+    assert f.seen == "no" and f.debug_opts == ""
+    (f,) = parse(Flags, ["--seen", "--debug_opts", "green"])
+    assert f.seen is True and f.debug_opts == [Color.GREEN]
+
+
+def test_bool_or_str_union_keeps_non_bool_strings():
+    assert parse(Flags, ["--tokens"])[0].tokens is True
+    assert parse(Flags, ["--tokens", "false"])[0].tokens is False
+    assert parse(Flags, ["--tokens", "all"])[0].tokens == "all"
+
+
+# ---------------------------------------------------------------- enums and literals
+
+
+def test_enum_by_value_and_by_name():
+    (c,) = parse(Choices, [])
+    assert c.color is Color.RED and c.speed is Mode.SLOW and c.opt == "a"
+    assert c.mode == "fast" and type(c.mode) is str  # `Mode | str` keeps its string default as written
+    (c,) = parse(Choices, ["--color", "green", "--level", "2", "--mode", "slow"])
+    assert (c.color, c.level, c.mode) == (Color.GREEN, Level.HIGH, Mode.SLOW)
+    (c,) = parse(Choices, ["--color", "GREEN", "--level", "LOW"])
+    assert (c.color, c.level) == (Color.GREEN, Level.LOW)
+
+
+def test_literal_maps_back_to_the_literal_value():
+    assert parse(Choices, ["--opt", "3"])[0].opt == 3
+    assert parse(Choices, ["--opt", "b"])[0].opt == "b"
+
+
+def test_list_of_enums():
+    assert parse(Choices, ["--palette", "green", "red"])[0].palette == [Color.GREEN, Color.RED]
+
+
+@pytest.mark.parametrize(
+    ("argv", "allowed"), [(["--color", "blue"], "red, green"), (["--opt", "c"], "a, b, 3")]
+)
+def test_invalid_choice_lists_allowed_values(capsys, argv, allowed):
+    with pytest.raises(SystemExit):
+        parse(Choices, argv)
+    err = capsys.readouterr().err
+    assert argv[0] in err and f"choose from {allowed}" in err
+
+
+def test_choices_are_shown_by_value_in_help():
+    text = HfArgumentParser(Choices).format_help()
+    assert "{red,green}" in text and "{1,2}" in text and "{a,b,3}" in text
+
+
+# ---------------------------------------------------------------- lists and dicts
+
+
+def test_lists_take_one_or_more_values():
+    (c,) = parse(Containers, ["--tags", "a", "b", "--sizes", "1", "2", "3"])
+    assert c.tags == ["a", "b"] and c.sizes == [1, 2, 3]
+
+
+def test_dict_field_parses_json_object():
+    (c,) = parse(Containers, ["--extra", '{"a": 1, "b": [2]}'])
+    assert c.extra == {"a": 1, "b": [2]}
+
+
+@pytest.mark.parametrize("bad", ["{not json", "[1, 2]", "plain"])
+def test_dict_field_rejects_non_objects(capsys, bad):
+    with pytest.raises(SystemExit):
+        parse(Containers, ["--extra", bad])
+    err = capsys.readouterr().err
+    assert "--extra" in err and "expected a JSON object" in err
+
+
+def test_dict_or_str_field_keeps_paths_and_parses_json():
+    assert parse(Containers, ["--cfg", "ds_config.json"])[0].cfg == "ds_config.json"
+    assert parse(Containers, ["--cfg", '{"stage": 2}'])[0].cfg == {"stage": 2}
+    with pytest.raises(SystemExit):
+        parse(Containers, ["--cfg", "{broken"])
+
+
+def test_int_or_str_union_keeps_non_int_strings():
+    assert parse(Containers, ["--budget", "7"])[0].budget == 7
+    assert parse(Containers, ["--budget", "auto"])[0].budget == "auto"
+
+
+# ---------------------------------------------------------------- groups, help, construction errors
+
+
+def test_argument_group_and_help_metadata():
+    parser = HfArgumentParser([Train, Model])
+    titles = [g.title for g in parser._action_groups]
+    assert "Model options" in titles
+    group = next(g for g in parser._action_groups if g.title == "Model options")
+    assert {a.dest for a in group._group_actions} == {"hidden", "dropout"}
+    text = parser.format_help()
+    assert "hidden size (default: 32)" in text and "--dropout P" in text
+    assert "--config PATH" in text  # the trainwright config-file note
+
+
+def test_percent_signs_in_help_do_not_break_help():
+    @dataclass
+    class Pct:
+        warmup: float = HfArg(default=0.1, help="warm up over 10% of steps, %(default)s by default, 50%% max")
+
+    text = " ".join(HfArgumentParser(Pct).format_help().split())
+    assert "warm up over 10% of steps, 0.1 by default, 50% max" in text
+
+
+def test_unsupported_union_names_the_field():
+    @dataclass
+    class Bad:
+        x: Union[int, float] = 1
+
+    with pytest.raises(TypeError, match=r"Bad\.x: the union type"):
+        HfArgumentParser(Bad)
+
+
+def test_unsupported_types_name_the_field():
+    @dataclass
+    class Bad:
+        pair: tuple = (1, 2)
+
+    @dataclass
+    class Nested:
+        grid: list[list[int]] = field(default_factory=list)
+
+    with pytest.raises(TypeError, match=r"Bad\.pair: type .* is not supported"):
+        HfArgumentParser(Bad)
+    with pytest.raises(TypeError, match=r"Nested\.grid: type list\[int\] is not supported"):
+        HfArgumentParser(Nested)
+
+
+def test_alias_must_be_an_option_string():
+    @dataclass
+    class Bad:
+        x: int = HfArg(default=1, aliases=["x2"])
+
+    with pytest.raises(ValueError, match=r"Bad\.x: alias 'x2'"):
+        HfArgumentParser(Bad)
+
+
+def test_unresolvable_string_annotation_names_the_dataclass():
+    @dataclass
+    class Bad:
+        x: NotDefinedAnywhere = None  # noqa: F821
+
+    with pytest.raises(TypeError, match="cannot resolve the annotations of dataclass .*Bad"):
+        HfArgumentParser(Bad)
+
+
+def test_non_dataclass_is_rejected():
+    with pytest.raises(TypeError, match="expects dataclass types"):
+        HfArgumentParser([int])
+
+
+def test_runtime_annotations_work_too():
+    # make_dataclass stores real type objects instead of strings.
+    Real = dataclasses.make_dataclass(
+        "Real", [("n", int), ("on", bool, field(default=True)), ("xs", list[float], field(default=None))]
+    )
+    (r,) = parse(Real, ["--n", "2", "--no_on", "--xs", "1", "2.5"])
+    assert (r.n, r.on, r.xs) == (2, False, [1.0, 2.5])
+
+
+# ---------------------------------------------------------------- parse_args_into_dataclasses
+
+
+def test_several_dataclasses_in_order_and_extra_namespace():
+    parser = HfArgumentParser([Train, Model])
+    parser.add_argument("--extra_flag", type=int, default=0)
+    t, m, ns = parser.parse_args_into_dataclasses(
+        ["--epochs", "2", "--hidden", "8", "--extra_flag", "5"], look_for_args_file=False
+    )
+    assert isinstance(t, Train) and isinstance(m, Model)
+    assert (t.epochs, m.hidden) == (2, 8) and ns == argparse.Namespace(extra_flag=5)
+
+
+def test_unknown_strings_raise_or_are_returned():
+    with pytest.raises(ValueError, match=r"not used by the HfArgumentParser: \['--bogus', '1'\]"):
+        parse(Train, ["--epochs", "2", "--bogus", "1"])
+    t, remaining = parse(Train, ["--epochs", "2", "--bogus", "1"], return_remaining_strings=True)
+    assert t.epochs == 2 and remaining == ["--bogus", "1"]
+
+
+def test_default_argv_is_sys_argv(monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "prog.py"), "--epochs", "4"])
+    (t,) = HfArgumentParser(Train).parse_args_into_dataclasses()
+    assert t.epochs == 4
+
+
+# ---------------------------------------------------------------- args files
+
+
+def test_script_args_file_is_read_and_command_line_wins(monkeypatch, tmp_path):
+    (tmp_path / "train.args").write_text("# defaults\n--epochs 3 --run_name 'from file'\n")
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "train.py")])
+    parser = HfArgumentParser(Train)
+    (t,) = parser.parse_args_into_dataclasses(["--epochs", "9"])
+    assert (t.epochs, t.run_name) == (9, "from file")
+    (t,) = parser.parse_args_into_dataclasses([], look_for_args_file=False)
+    assert (t.epochs, t.run_name) == (1, "run")
+
+
+def test_args_filename_replaces_the_script_file(monkeypatch, tmp_path):
+    (tmp_path / "train.args").write_text("--epochs 3")
+    (tmp_path / "other.args").write_text("--learning_rate 0.25")
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "train.py")])
+    (t,) = HfArgumentParser(Train).parse_args_into_dataclasses([], args_filename=tmp_path / "other.args")
+    assert (t.epochs, t.learning_rate) == (1, 0.25)
+
+
+def test_args_file_flag_files_later_override_earlier_and_cli_wins(tmp_path):
+    (tmp_path / "a.args").write_text("--epochs 2 --learning_rate 0.1 --run_name a")
+    (tmp_path / "b.args").write_text("--epochs 3 --learning_rate 0.2")
+    argv = [
+        "--args_file",
+        str(tmp_path / "a.args"),
+        f"--args_file={tmp_path / 'b.args'}",
+        "--learning_rate",
+        "0.3",
+    ]
+    (t,) = parse(Train, argv, args_file_flag="--args_file")
+    assert (t.epochs, t.learning_rate, t.run_name) == (3, 0.3, "a")
+
+
+def test_missing_named_args_file_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="args file not found: .*nope.args"):
+        parse(Train, [], args_filename=tmp_path / "nope.args")
+    with pytest.raises(FileNotFoundError, match="nope2.args"):
+        parse(Train, ["--af", str(tmp_path / "nope2.args")], args_file_flag="--af")
+
+
+# ---------------------------------------------------------------- config file on the command line
+
+
+def test_positional_yaml_config_with_flag_override(tmp_path):
+    cfg = tmp_path / "config.yaml"
+    # YAML reads 1e-4 as a string; the float field still gets a float.
+    cfg.write_text("learning_rate: 1e-4\nepochs: 5\nhidden: 12\n")
+    t, m = parse([Train, Model], [str(cfg), "--epochs", "6"])
+    assert (t.learning_rate, t.epochs, m.hidden) == (1e-4, 6, 12)
+    assert isinstance(t.learning_rate, float)
+
+
+@pytest.mark.parametrize("form", ["separate", "equals"])
+def test_config_flag_with_json(tmp_path, form):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"epochs": 8, "run_name": "cfg"}))
+    argv = ["--config", str(cfg)] if form == "separate" else [f"--config={cfg}"]
+    (t,) = parse(Train, [*argv, "--run_name", "cli"])
+    assert (t.epochs, t.run_name) == (8, "cli")
+
+
+def test_config_supplies_required_fields_and_enum_strings(tmp_path):
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("name: from-config\ncolor: green\nsteps: '4'\n")
+    s, c = parse([Scalars, Choices], [str(cfg)])
+    assert (s.name, s.steps, c.color) == ("from-config", 4, Color.GREEN)
+    # Required-ness is restored afterwards.
+    with pytest.raises(SystemExit):
+        parse([Scalars, Choices], [])
+
+
+def test_precedence_defaults_config_argsfile_cli(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("epochs: 2\nlearning_rate: 0.2\nrun_name: cfg\n")
+    af = tmp_path / "x.args"
+    af.write_text("--learning_rate 0.3 --run_name file")
+    (t,) = parse(Train, [str(cfg), "--run_name", "cli"], args_filename=af)
+    assert (t.epochs, t.learning_rate, t.run_name) == (2, 0.3, "cli")
+
+
+def test_config_unknown_keys_name_file_and_keys(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("learning_rat: 0.1\nzzz: 1\n")
+    with pytest.raises(ValueError, match=r"\['learning_rat', 'zzz'\].*bad\.yaml.*'learning_rate'"):
+        parse(Train, [str(cfg)])
+
+
+def test_config_bad_value_and_bad_file(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("epochs: many\n")
+    with pytest.raises(ValueError, match=r"c\.yaml: invalid value 'many' for 'epochs'"):
+        parse(Train, [str(cfg)])
+    cfg.write_text("- a list\n")
+    with pytest.raises(ValueError, match=r"c\.yaml: expected a mapping"):
+        parse(Train, [str(cfg)])
+    with pytest.raises(FileNotFoundError, match="missing.yaml"):
+        parse(Train, [str(tmp_path / "missing.yaml")])
+
+
+def test_config_field_named_config_is_a_normal_option(tmp_path):
+    @dataclass
+    class WithConfig:
+        config: str = "none"
+
+    (w,) = parse(WithConfig, ["--config", "x.yaml"])
+    assert w.config == "x.yaml"
+
+
+def test_user_positional_is_not_taken_for_a_config(tmp_path):
+    parser = HfArgumentParser(Train)
+    parser.add_argument("data")
+    t, ns = parser.parse_args_into_dataclasses(["data.json", "--epochs", "2"], look_for_args_file=False)
+    assert ns.data == "data.json" and t.epochs == 2
+
+
+# ---------------------------------------------------------------- parse_dict / json / yaml
+
+
+def test_parse_dict_builds_and_coerces():
+    t, c = HfArgumentParser([Train, Choices]).parse_dict(
+        {"learning_rate": "2e-5", "color": "green", "mode": "slow", "palette": ["green"]}
+    )
+    assert t.learning_rate == 2e-5 and c.color is Color.GREEN and c.palette == [Color.GREEN]
+    # `Mode | str` accepts strings, so the dataclass receives the string as given.
+    assert c.mode == "slow"
+    (c,) = HfArgumentParser(Choices).parse_dict({"speed": Mode.FAST})
+    assert c.speed is Mode.FAST
+
+
+def test_parse_dict_extra_keys():
+    parser = HfArgumentParser(Train)
+    with pytest.raises(ValueError, match=r"not used by the HfArgumentParser: \['epoch', 'internal'\]"):
+        parser.parse_dict({"epoch": 3, "internal": 1})
+    (t,) = parser.parse_dict({"epochs": 3, "unrelated": 1}, allow_extra_keys=True)
+    assert t.epochs == 3
+
+
+def test_parse_dict_errors_name_field_and_type():
+    parser = HfArgumentParser(Choices)
+    with pytest.raises(ValueError, match=r"invalid value 'blue' for 'color'.*red, green"):
+        parser.parse_dict({"color": "blue"})
+    with pytest.raises(TypeError, match="expected a mapping"):
+        parser.parse_dict(["color"])
+
+
+def test_parse_json_file(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps({"epochs": 4, "hidden": 2}))
+    t, m = HfArgumentParser([Train, Model]).parse_json_file(path)
+    assert (t.epochs, m.hidden) == (4, 2)
+    path.write_text(json.dumps({"epochs": 4, "nope": 1}))
+    with pytest.raises(ValueError, match=r"\['nope'\].*a\.json"):
+        HfArgumentParser(Train).parse_json_file(path)
+    assert HfArgumentParser(Train).parse_json_file(path, allow_extra_keys=True)[0].epochs == 4
+    path.write_text("{oops")
+    with pytest.raises(ValueError, match=r"a\.json: not valid JSON"):
+        HfArgumentParser(Train).parse_json_file(path)
+
+
+def test_parse_yaml_file(tmp_path):
+    path = tmp_path / "a.yaml"
+    path.write_text(yaml.safe_dump({"learning_rate": 0.5, "tags": ["p", "q"], "extra": {"k": 1}}))
+    t, c = HfArgumentParser([Train, Containers]).parse_yaml_file(str(path))
+    assert t.learning_rate == 0.5 and c.tags == ["p", "q"] and c.extra == {"k": 1}
+    path.write_text("epochs: 2\nbogus: 1\n")
+    with pytest.raises(ValueError, match=r"\['bogus'\]"):
+        HfArgumentParser(Train).parse_yaml_file(path)
+    assert HfArgumentParser(Train).parse_yaml_file(path, allow_extra_keys=True)[0].epochs == 2
+    path.write_text("")
+    assert HfArgumentParser(Train).parse_yaml_file(path)[0] == Train()
+
+
+# ---------------------------------------------------------------- TrainingArguments round trip
+
+
+def test_training_arguments_round_trip(tmp_path):
+    args_mod = pytest.importorskip("trainwright.args")
+    parser = HfArgumentParser(args_mod.TrainingArguments)
+    out = str(tmp_path / "out")
+    (ta,) = parser.parse_args_into_dataclasses(
+        [
+            "--output_dir",
+            out,
+            "--learning_rate",
+            "3e-4",
+            "--eval_strategy",
+            "steps",
+            "--no_remove_unused_columns",
+            "--report_to",
+            "none",
+        ],
+        look_for_args_file=False,
+    )
+    assert ta.output_dir == out
+    assert ta.learning_rate == 3e-4
+    assert str(getattr(ta.eval_strategy, "value", ta.eval_strategy)) == "steps"
+    assert ta.remove_unused_columns is False
+    assert ta.report_to == []
+    (again,) = parser.parse_dict(ta.to_dict())
+    assert again.to_dict() == ta.to_dict()
