@@ -83,11 +83,12 @@ class VectorDataset(Dataset):
         return {"x": self.x[i], "labels": self.y[i]}
 
 
-def tiny_gpt2(vocab: int = 64, n_layer: int = 2, n_embd: int = 32, seed: int = 0):
+def tiny_gpt2(vocab: int = 64, n_layer: int = 2, n_embd: int = 32, seed: int = 0, dropout: float = 0.0):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(seed)
     config = transformers.GPT2Config(
-        n_layer=n_layer, n_embd=n_embd, n_head=2, vocab_size=vocab, n_positions=64, bos_token_id=0, eos_token_id=0
+        n_layer=n_layer, n_embd=n_embd, n_head=2, vocab_size=vocab, n_positions=64, bos_token_id=0, eos_token_id=0,
+        resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
     )
     return transformers.GPT2LMHeadModel(config)
 

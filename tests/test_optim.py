@@ -14,6 +14,7 @@ from trainwright import optim
 from trainwright.optim import (
     OPTIMIZER_NAMES,
     create_optimizer,
+    decay_param_groups,
     get_decay_parameter_names,
     get_optimizer_cls_and_kwargs,
     parse_optim_args,
@@ -136,6 +137,19 @@ def test_create_optimizer_on_gpt2_has_each_tied_weight_once() -> None:
     decay_ids = {id(p) for p in optimizer.param_groups[0]["params"]}
     assert id(model.transformer.wte.weight) in decay_ids
     assert id(model.transformer.ln_f.weight) not in decay_ids
+
+
+def test_decay_param_groups_for_a_custom_optimizer_class() -> None:
+    model = Plain()
+    groups = decay_param_groups(model, 0.3)
+    assert [g["weight_decay"] for g in groups] == [0.3, 0.0]
+    assert [id(p) for p in groups[0]["params"]] == [
+        id(model.embed.weight),
+        id(model.proj.weight),
+        id(model.block.normalizer_weight),
+        id(model.head.weight),
+    ]
+    torch.optim.SGD(groups, lr=0.1)  # usable as is by any optimizer class
 
 
 def test_create_optimizer_omits_empty_groups_and_needs_trainable_params() -> None:
@@ -284,6 +298,13 @@ def test_fused_falls_back_to_foreach_then_to_default(monkeypatch) -> None:
     assert "fused" not in kwargs and "foreach" not in kwargs
 
 
+def test_fused_without_a_model_depends_on_torch_support(monkeypatch) -> None:
+    monkeypatch.setattr(optim, "_fused_devices", lambda: {"cuda", "cpu", "mps", "xpu"})
+    assert get_optimizer_cls_and_kwargs(Args(optim="adamw_torch_fused"))[1].get("fused") is True
+    monkeypatch.setattr(optim, "_fused_devices", lambda: {"cuda"})
+    assert "fused" not in get_optimizer_cls_and_kwargs(Args(optim="adamw_torch_fused"))[1]
+
+
 def test_fused_is_not_chosen_for_unsupported_params() -> None:
     complex_model = nn.Linear(2, 2, dtype=torch.complex64)  # fused AdamW needs real floating point
     _, kwargs = get_optimizer_cls_and_kwargs(Args(optim="adamw_torch_fused"), complex_model)
@@ -364,3 +385,11 @@ def test_adafactor_missing_from_torch_is_a_clear_error(monkeypatch) -> None:
     monkeypatch.delattr(torch.optim, "Adafactor", raising=False)
     with pytest.raises(ValueError, match=r"optim='adafactor' needs torch.optim.Adafactor \(torch >= 2.5\)"):
         get_optimizer_cls_and_kwargs(Args(optim="adafactor"))
+
+
+def test_names_agree_with_the_optimizer_names_enum() -> None:
+    from trainwright.enums import OptimizerNames
+
+    assert set(OptimizerNames.values()) == set(OPTIMIZER_NAMES)
+    cls, kwargs = get_optimizer_cls_and_kwargs(Args(optim=OptimizerNames.ADAMW_TORCH_FOREACH))
+    assert cls is torch.optim.AdamW and kwargs["foreach"] is True

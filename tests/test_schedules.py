@@ -350,3 +350,11 @@ def test_named_constructors_use_transformers_signatures() -> None:
     schedules.get_inverse_sqrt_schedule(optimizer, 10, None, -1)
     scheduler = schedules.get_cosine_with_hard_restarts_schedule_with_warmup(optimizer, 10, 100, num_cycles=2)
     assert scheduler.lr_lambdas[0](55) == 1.0
+
+
+def test_names_agree_with_the_scheduler_type_enum() -> None:
+    from trainwright.enums import SchedulerType
+
+    assert SchedulerType.values() == list(SCHEDULER_NAMES)
+    optimizer = _optimizer()
+    assert get_scheduler(SchedulerType.COSINE_WITH_RESTARTS, optimizer, 1, 10).lr_lambdas[0](1) == 1.0

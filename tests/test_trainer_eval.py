@@ -114,7 +114,9 @@ def var_collate(items):
 
 @pytest.mark.parametrize("eval_accumulation_steps", [None, 2])
 def test_predictions_of_different_lengths_are_padded(make_args, eval_accumulation_steps):
-    args = make_args(per_device_eval_batch_size=2, eval_accumulation_steps=eval_accumulation_steps)
+    args = make_args(
+        per_device_eval_batch_size=2, eval_accumulation_steps=eval_accumulation_steps, remove_unused_columns=False
+    )
     trainer = Trainer(model=SeqModel(), args=args, data_collator=var_collate)
     out = trainer.predict(VarLen(10))
     assert out.predictions.shape == (10, 4)

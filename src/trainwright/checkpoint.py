@@ -52,6 +52,7 @@ from .checkpoint_io import (
     CheckpointError,
     CheckpointFileNotFoundError,
     WeightsLoadResult,
+    deferred_fsync,
     fsync_dir,
     fsync_file,
     load_model_weights,
@@ -128,8 +129,18 @@ def _weights_problems(path: str) -> list[str]:
             weight_map = read_json(index).get("weight_map", {})
         except (CheckpointError, AttributeError) as exc:
             return [f"{WEIGHTS_INDEX_NAME} is unreadable: {exc}"]
-        return [f"{f} is missing" for f in sorted(set(weight_map.values())) if not os.path.isfile(os.path.join(path, f))]
-    names = (WEIGHTS_NAME, PT_WEIGHTS_NAME, PT_WEIGHTS_INDEX_NAME, "adapter_model.safetensors", "adapter_model.bin")
+        return [
+            f"{f} is missing"
+            for f in sorted(set(weight_map.values()))
+            if not os.path.isfile(os.path.join(path, f))
+        ]
+    names = (
+        WEIGHTS_NAME,
+        PT_WEIGHTS_NAME,
+        PT_WEIGHTS_INDEX_NAME,
+        "adapter_model.safetensors",
+        "adapter_model.bin",
+    )
     if any(os.path.isfile(os.path.join(path, n)) for n in names):
         return []
     if any(e.startswith("pytorch_model_fsdp") for e in os.listdir(path)):
@@ -148,7 +159,11 @@ def verify_checkpoint(path: str | os.PathLike) -> list[str]:
         return [f"{path} is not a folder"]
     marker = os.path.join(path, CHECKPOINT_COMPLETE_NAME)
     if not os.path.exists(marker):
-        problems = [] if os.path.isfile(os.path.join(path, TRAINER_STATE_NAME)) else [f"{TRAINER_STATE_NAME} is missing"]
+        problems = (
+            []
+            if os.path.isfile(os.path.join(path, TRAINER_STATE_NAME))
+            else [f"{TRAINER_STATE_NAME} is missing"]
+        )
         return problems + _weights_problems(path)
     try:
         files = read_json(marker).get("files")
@@ -191,7 +206,11 @@ def check_checkpoint_files(
         return [f"checkpoint folder {path} does not exist"]
     problems = verify_checkpoint(path) if os.path.exists(os.path.join(path, CHECKPOINT_COMPLETE_NAME)) else []
     torch_files = {"optimizer": OPTIMIZER_NAME, "scheduler": SCHEDULER_NAME, "scaler": SCALER_NAME}
-    json_files = {"trainer_state": TRAINER_STATE_NAME, "training_args": TRAINING_ARGS_NAME, "data_state": DATA_STATE_NAME}
+    json_files = {
+        "trainer_state": TRAINER_STATE_NAME,
+        "training_args": TRAINING_ARGS_NAME,
+        "data_state": DATA_STATE_NAME,
+    }
     for item in need:
         if item == "model":
             found = _weights_problems(path)
@@ -238,7 +257,9 @@ def _candidates(folder: str, prefix: str) -> list[tuple[int, str]]:
     return sorted(found.items())
 
 
-def get_last_checkpoint(folder: str | os.PathLike, checkpoint_prefix: str = PREFIX_CHECKPOINT_DIR) -> str | None:
+def get_last_checkpoint(
+    folder: str | os.PathLike, checkpoint_prefix: str = PREFIX_CHECKPOINT_DIR
+) -> str | None:
     """The highest-step checkpoint in `folder` that verifies, or None.
 
     Temporary folders of interrupted saves are ignored; a damaged folder is skipped with a warning so a
@@ -268,7 +289,9 @@ def sort_checkpoints(
     entries = []
     for entry in os.scandir(output_dir):
         if entry.is_dir() and (m := pattern.match(entry.name)):
-            entries.append((int(m.group(1)), os.path.getmtime(entry.path), os.path.join(output_dir, entry.name)))
+            entries.append(
+                (int(m.group(1)), os.path.getmtime(entry.path), os.path.join(output_dir, entry.name))
+            )
     entries.sort()
     if use_mtime and len(entries) > 1:
         mtimes = [e[1] for e in entries]
@@ -285,7 +308,8 @@ def sort_checkpoints(
         best = os.path.abspath(best_model_checkpoint)
         where = [i for i, p in enumerate(paths) if os.path.abspath(p) == best]
         if where and where[0] < len(paths) - 1:
-            paths.insert(len(paths) - 1, paths.pop(where[0]))
+            best_path = paths.pop(where[0])
+            paths.insert(len(paths) - 1, best_path)
     return paths
 
 
@@ -386,7 +410,11 @@ def _commit(output_dir: str, tmp: str, final: str, name: str) -> None:
 
 
 def _failure(output_dir: str, name: str, exc: BaseException) -> str:
-    cause = f"{exc.strerror} ({exc.filename})" if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+    cause = (
+        f"{exc.strerror} ({exc.filename})"
+        if isinstance(exc, OSError) and exc.strerror
+        else f"{type(exc).__name__}: {exc}"
+    )
     return f"could not write checkpoint {name!r} in {output_dir}: {cause}"
 
 
@@ -406,9 +434,13 @@ def write_checkpoint(
     """
     output_dir = os.fspath(output_dir)
     if not name or name != os.path.basename(name) or name.startswith(".") or os.sep in name or "/" in name:
-        raise ValueError(f"write_checkpoint: name must be a plain folder name like 'checkpoint-500', got {name!r}")
+        raise ValueError(
+            f"write_checkpoint: name must be a plain folder name like 'checkpoint-500', got {name!r}"
+        )
     if runtime is None and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
-        raise ValueError("write_checkpoint: pass runtime= when several processes save together (WORLD_SIZE > 1)")
+        raise ValueError(
+            "write_checkpoint: pass runtime= when several processes save together (WORLD_SIZE > 1)"
+        )
     rank = runtime.rank if runtime is not None else 0
     world_size = runtime.world_size if runtime is not None else 1
     final = os.path.join(output_dir, name)
@@ -434,8 +466,13 @@ def write_checkpoint(
 
     own_error: BaseException | None = None
     try:
-        os.makedirs(tmp, exist_ok=True)
-        write_fn(tmp)
+        if rank != 0:  # normally a no-op: rank 0 created it on the shared filesystem
+            os.makedirs(tmp, exist_ok=True)
+        with deferred_fsync() as pending:
+            write_fn(tmp)
+        if rank != 0:  # rank 0 flushes the whole folder when it commits
+            for path in pending:
+                fsync_file(path)
     except Exception as exc:
         own_error = exc
     except BaseException:

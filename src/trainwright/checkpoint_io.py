@@ -21,11 +21,16 @@ Public API (re-exported by `trainwright.checkpoint`):
   `weights_only=True` will be able to read it back.
 * `write_json(path, obj)` (atomic, fsynced) / `read_json(path)`.
 * `parse_size("5GB") -> int`, `fsync_file(path)`, `fsync_dir(path)`.
+
+Every writer here makes its file durable (fsync) before returning, except inside `deferred_fsync()`,
+which `write_checkpoint` uses: there the paths are collected and flushed together at the commit, which
+lets the kernel write one file back while the next is being serialized.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 import json
 import os
@@ -36,7 +41,7 @@ import sys
 import warnings
 import zipfile
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -98,6 +103,28 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+_PENDING_FSYNC: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("pending_fsync", default=None)
+
+
+@contextlib.contextmanager
+def deferred_fsync() -> Iterator[list[str]]:
+    """Within the block, writers record their files in the yielded list instead of fsyncing them."""
+    pending: list[str] = []
+    token = _PENDING_FSYNC.set(pending)
+    try:
+        yield pending
+    finally:
+        _PENDING_FSYNC.reset(token)
+
+
+def _make_durable(path: str) -> None:
+    pending = _PENDING_FSYNC.get()
+    if pending is None:
+        fsync_file(path)
+    else:
+        pending.append(path)
+
+
 def _missing(path: str) -> CheckpointFileNotFoundError:
     folder = os.path.dirname(os.path.abspath(path))
     return CheckpointFileNotFoundError(f"{os.path.basename(path)} is missing from checkpoint folder {folder}")
@@ -131,7 +158,9 @@ def parse_size(size: int | str) -> int:
     elif isinstance(size, str) and (m := _SIZE_RE.match(size)):
         value = int(float(m.group(1)) * _UNITS[(m.group(2) or "").upper()])
     else:
-        raise ValueError(f"max_shard_size must be a positive int or a string like '5GB' or '500MB', got {size!r}")
+        raise ValueError(
+            f"max_shard_size must be a positive int or a string like '5GB' or '500MB', got {size!r}"
+        )
     if value <= 0:
         raise ValueError(f"max_shard_size must be positive, got {size!r}")
     return value
@@ -153,8 +182,11 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
-            os.fsync(f.fileno())
+            if _PENDING_FSYNC.get() is None:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
+        if _PENDING_FSYNC.get() is not None:
+            _make_durable(path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -213,7 +245,7 @@ def save_torch_state(state: Any, path: str | os.PathLike) -> None:
     path = os.fspath(path)
     _check_weights_only(state, "state", path)
     torch.save(state, path)
-    fsync_file(path)
+    _make_durable(path)
 
 
 def _unpickle_reason(exc: BaseException) -> str:
@@ -336,14 +368,18 @@ def _save_state_dict(state_dict: Mapping[str, Any], directory: str, max_bytes: i
     for filename, keys in names.items():
         path = os.path.join(directory, filename)
         save_file({k: tensors[k] for k in keys}, path, metadata=metadata)
-        fsync_file(path)
+        _make_durable(path)
     written = list(names)
     if len(shards) > 1:
-        index_meta: dict[str, Any] = {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())}
+        index_meta: dict[str, Any] = {
+            "total_size": sum(t.numel() * t.element_size() for t in tensors.values())
+        }
         if aliases:
             index_meta[ALIASES_KEY] = aliases
         weight_map = {k: f for f, keys in names.items() for k in keys}
-        write_json(os.path.join(directory, WEIGHTS_INDEX_NAME), {"metadata": index_meta, "weight_map": weight_map})
+        write_json(
+            os.path.join(directory, WEIGHTS_INDEX_NAME), {"metadata": index_meta, "weight_map": weight_map}
+        )
         written.append(WEIGHTS_INDEX_NAME)
     _remove_stale_weights(directory, set(written))
     return written

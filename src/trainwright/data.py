@@ -22,6 +22,7 @@ import math
 import random
 import sys
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -43,17 +44,6 @@ def has_length(obj: Any) -> bool:
         return len(obj) is not None
     except (TypeError, NotImplementedError):
         return False
-
-
-def _hf_dataset_types() -> tuple[type, ...]:
-    """datasets.Dataset / IterableDataset if the datasets package is already imported.
-
-    An object can only be a datasets.Dataset when the package is loaded, so this never imports it.
-    """
-    module = sys.modules.get("datasets")
-    if module is None:
-        return ()
-    return tuple(t for t in (getattr(module, "Dataset", None), getattr(module, "IterableDataset", None)) if t)
 
 
 def _is_hf_map_dataset(obj: Any) -> bool:
@@ -372,13 +362,9 @@ def build_sampler(
         raise ValueError(f"train_sampling_strategy must be one of {list(_STRATEGIES)}, got {strategy!r}.")
     drop_last = bool(args.dataloader_drop_last)
     if strategy == "group_by_length":
-        lengths = None
-        if _is_hf_map_dataset(dataset) and args.length_column_name in dataset.column_names:
-            lengths = dataset[args.length_column_name]
         return LengthGroupedSampler(
             batch_size or args.per_device_train_batch_size,
             dataset=dataset,
-            lengths=lengths,
             length_column_name=args.length_column_name,
             seed=seed,
             drop_last=drop_last,
@@ -403,13 +389,17 @@ class _SeededBatches:
 
     def __init__(self, batches: Any, loader: EpochSeededDataLoader) -> None:
         self.batches = batches
-        self.loader = loader
+        # A weak reference: a persistent-worker loader holds its iterator, which holds this; a
+        # strong cycle would keep the workers alive until the garbage collector runs.
+        self._loader = weakref.ref(loader)
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __iter__(self) -> Iterator[_SeededBatch]:
-        loader = self.loader
+        loader = self._loader()
+        if loader is None:
+            raise RuntimeError("the DataLoader of this batch sampler no longer exists")
         # Read at iteration time: persistent workers re-iterate this same object every epoch.
         epoch, sampler = loader.epoch, loader.sampler
         position = int(getattr(sampler, "start", 0))
@@ -455,7 +445,7 @@ class _WorkerSetup:
         if self.inner is not None:
             self.inner(worker_id)
         info = torch.utils.data.get_worker_info()
-        if info is not None and not isinstance(info.dataset, IterableDataset):
+        if info is not None and not is_iterable_dataset(info.dataset):
             _install_batch_seeding(info.dataset)
 
 
@@ -502,7 +492,9 @@ class EpochSeededDataLoader(DataLoader):
         self.rank = rank
         self._epoch_getter = epoch_getter
         self._epoch = 0
-        super().__init__(dataset, generator=torch.Generator(), worker_init_fn=_WorkerSetup(worker_init_fn), **kwargs)
+        super().__init__(
+            dataset, generator=torch.Generator(), worker_init_fn=_WorkerSetup(worker_init_fn), **kwargs
+        )
 
     @property
     def epoch(self) -> int:
@@ -608,7 +600,9 @@ def iterable_resume_state(dataset: Any) -> dict | None:
 def load_iterable_resume_state(dataset: Any, state: Mapping[str, Any]) -> None:
     """Restore a state from :func:`iterable_resume_state`; the dataset then continues from there."""
     if not callable(getattr(dataset, "load_state_dict", None)):
-        raise ValueError(f"{type(dataset).__name__} has no load_state_dict: it cannot resume from a saved state.")
+        raise ValueError(
+            f"{type(dataset).__name__} has no load_state_dict: it cannot resume from a saved state."
+        )
     dataset.load_state_dict(state)
 
 
@@ -640,7 +634,9 @@ def _as_mapping(feature: Any) -> Mapping[str, Any]:
         return feature
     if hasattr(feature, "__dict__"):
         return vars(feature)
-    raise TypeError(f"default_data_collator: a feature must be a mapping or an object, got {type(feature).__name__}.")
+    raise TypeError(
+        f"default_data_collator: a feature must be a mapping or an object, got {type(feature).__name__}."
+    )
 
 
 def _is_integer(value: Any) -> bool:
@@ -678,7 +674,9 @@ def default_data_collator(features: Sequence[Any], return_tensors: str = "pt") -
     dropped: they cannot become a tensor. ``return_tensors="np"`` gives numpy arrays instead.
     """
     if return_tensors not in ("pt", "np"):
-        raise ValueError(f"default_data_collator: return_tensors must be 'pt' or 'np', got {return_tensors!r}.")
+        raise ValueError(
+            f"default_data_collator: return_tensors must be 'pt' or 'np', got {return_tensors!r}."
+        )
     if not features:
         raise ValueError("default_data_collator: got an empty batch.")
     rows = [_as_mapping(f) for f in features]
@@ -756,7 +754,9 @@ def _pad(values: list[Any], pad_value: int) -> torch.Tensor:
 def _pad_sequences(features: Sequence[Mapping[str, Any]], pad_token_id: int, label_pad_token_id: int) -> dict:
     rows = [_as_mapping(f) for f in features]
     pads = {"input_ids": pad_token_id, "attention_mask": 0, "labels": label_pad_token_id}
-    batch = {key: _pad([r[key] for r in rows], value) for key, value in pads.items() if key in rows[0]}
+    # only sequences are padded: a scalar label (classification) is stacked like any other key
+    pads = {k: v for k, v in pads.items() if k in rows[0] and torch.as_tensor(rows[0][k]).dim() > 0}
+    batch = {key: _pad([r[key] for r in rows], value) for key, value in pads.items()}
     if "input_ids" in batch and "attention_mask" not in batch:
         mask = torch.zeros(batch["input_ids"].shape[:2], dtype=torch.long)
         for row, r in enumerate(rows):
@@ -804,7 +804,9 @@ class RemoveColumnsCollator:
     removes up front). Logs the dropped keys once.
     """
 
-    def __init__(self, collate_fn: Callable[[list[Any]], Any], keep: set[str], description: str | None = None) -> None:
+    def __init__(
+        self, collate_fn: Callable[[list[Any]], Any], keep: set[str], description: str | None = None
+    ) -> None:
         self.collate_fn = collate_fn
         self.keep = set(keep)
         self.description = description
@@ -818,7 +820,11 @@ class RemoveColumnsCollator:
             ignored = sorted(set(feature) - self.keep)
             if ignored:
                 where = f" of the {self.description} set" if self.description else ""
-                logger.info("Ignoring columns%s that the model's forward does not take: %s.", where, ", ".join(ignored))
+                logger.info(
+                    "Ignoring columns%s that the model's forward does not take: %s.",
+                    where,
+                    ", ".join(ignored),
+                )
         return {k: v for k, v in feature.items() if k in self.keep}
 
     def __call__(self, features: list[Any]) -> Any:
@@ -833,7 +839,7 @@ def remove_unused_columns(dataset: Any, keep: set[str], description: str | None 
     ignored = [c for c in columns if c not in keep]
     if len(ignored) == len(columns):
         raise ValueError(
-            f"No column of the {description or ''} dataset {columns} is an argument of the model's forward "
+            f"No column of the {description + ' ' if description else ''}dataset {columns} is an argument of the model's forward "
             f"({sorted(keep)}): nothing would be left to train on. Rename the columns or set "
             "remove_unused_columns=False."
         )
@@ -878,9 +884,14 @@ def is_causal_lm(model: Any) -> bool:
     if type(model).__name__.endswith(_CAUSAL_SUFFIXES):
         return True
     config = getattr(model, "config", None)
-    if getattr(model, "loss_type", None) == "ForCausalLM" or getattr(config, "loss_type", None) == "ForCausalLM":
+    if (
+        getattr(model, "loss_type", None) == "ForCausalLM"
+        or getattr(config, "loss_type", None) == "ForCausalLM"
+    ):
         return True
-    return bool(getattr(config, "is_decoder", False)) and not bool(getattr(config, "is_encoder_decoder", False))
+    return bool(getattr(config, "is_decoder", False)) and not bool(
+        getattr(config, "is_encoder_decoder", False)
+    )
 
 
 __all__ = [

@@ -115,7 +115,9 @@ def _dtype_key(dtype: torch.dtype | str) -> str:
         return _DTYPE_NAMES[dtype.lower()]
     if isinstance(dtype, str) and dtype.lower().startswith("float8"):
         return "fp8"
-    raise ValueError(f"get_peak_flops: dtype must be a torch.dtype or one of {sorted(_DTYPE_NAMES)}, got {dtype!r}")
+    raise ValueError(
+        f"get_peak_flops: dtype must be a torch.dtype or one of {sorted(_DTYPE_NAMES)}, got {dtype!r}"
+    )
 
 
 def match_device(device_name: str) -> str | None:
@@ -168,7 +170,9 @@ def tf32_enabled() -> bool:
     return torch.get_float32_matmul_precision() != "highest" or bool(torch.backends.cuda.matmul.allow_tf32)
 
 
-def get_peak_flops(device_name: str, dtype: torch.dtype | str, allow_tf32: bool | None = None) -> float | None:
+def get_peak_flops(
+    device_name: str, dtype: torch.dtype | str, allow_tf32: bool | None = None
+) -> float | None:
     """Dense peak FLOP/s of one device for matmuls in `dtype`, or None when not known.
 
     fp32 uses the TF32 peak when TF32 is allowed (`allow_tf32`, or PyTorch's matmul precision
@@ -224,7 +228,9 @@ def _default_loss(outputs: Any) -> torch.Tensor:
     for value in values:
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             return value.sum()
-    raise TypeError(f"count_flops: cannot find a loss or a floating-point tensor in the output {type(outputs)}")
+    raise TypeError(
+        f"count_flops: cannot find a loss or a floating-point tensor in the output {type(outputs)}"
+    )
 
 
 class _FakeStepCounter:
@@ -306,7 +312,7 @@ def count_flops(
     implementation). See the module docstring for what the count includes.
     """
     try:
-        return _FakeStepCounter(model).count(batch, loss_fn)
+        return _FakeStepCounter(_unwrap(model)).count(batch, loss_fn)
     except Exception as exc:  # any failure means "cannot count": the caller falls back
         logger.warning("FLOP counting failed for %s: %s: %s", type(model).__name__, type(exc).__name__, exc)
         return None
@@ -347,69 +353,93 @@ def estimate_6n_flops(model: torch.nn.Module, batch: Mapping[str, Any]) -> int:
     return 6 * _non_embedding_parameters(model) * tokens
 
 
-def _signature(batch: Mapping[str, Any]) -> tuple:
-    """Hashable description of a batch's structure: keys, shapes and dtypes (not values)."""
-    leaves, spec = pytree.tree_flatten(dict(batch))
-    parts: list[Any] = [str(spec)]
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            parts.append((tuple(leaf.shape), leaf.dtype))
-        elif leaf is None or isinstance(leaf, (bool, int, float, str)):
-            parts.append(leaf)
-        else:
-            parts.append(type(leaf).__name__)
-    return tuple(parts)
+def _signature(value: Any) -> Any:
+    """Hashable description of a batch's structure: keys, shapes and dtypes, not values."""
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape), value.dtype)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Mapping):
+        return tuple((key, _signature(v)) for key, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, *(_signature(v) for v in value))
+    return type(value).__name__
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's module inside DataParallel / DDP / torch.compile wrappers."""
     from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-    while isinstance(model, (DataParallel, DistributedDataParallel)):
-        model = model.module
-    return model
+    while True:
+        if isinstance(model, (DataParallel, DistributedDataParallel)):
+            model = model.module
+        elif type(model).__name__ == "OptimizedModule" and isinstance(
+            getattr(model, "_orig_mod", None), torch.nn.Module
+        ):
+            model = model._orig_mod
+        else:
+            return model
 
 
 class FlopsEstimator:
     """FLOPs of one training step (forward + backward) on a batch, from the best source available.
 
-    Call it with each batch: ``flops = estimator(batch)``. Sources, in order: the model's
+    ``estimator.per_batch(model, batch)`` for each batch. Sources, in order: the model's
     ``flops_per_batch(batch)``, the model's ``floating_point_ops(batch)``, the automatic counter
     (cached per batch keys/shapes/dtypes; at most `max_counted_shapes` distinct shapes are
     counted, later new shapes use the 6N estimate), then the 6N estimate. `source` names the
-    one used for the latest batch; the first use of each source is logged.
+    one used for the latest batch; the first use of each source is logged. Wrappers (DDP,
+    DataParallel, torch.compile) are looked through; a different model resets the cache.
     """
 
     SOURCES = ("model.flops_per_batch", "model.floating_point_ops", "flop_counter", "6N")
 
     def __init__(
         self,
-        model: torch.nn.Module,
         *,
         loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
         max_counted_shapes: int = 64,
     ) -> None:
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"FlopsEstimator: model must be a torch.nn.Module, got {type(model).__name__}")
-        if not isinstance(max_counted_shapes, int) or max_counted_shapes < 0:
-            raise ValueError(f"FlopsEstimator: max_counted_shapes must be an int >= 0, got {max_counted_shapes!r}")
-        self.model = _unwrap(model)
-        for name in ("flops_per_batch", "floating_point_ops"):
-            attr = getattr(self.model, name, None)
-            if attr is not None and not callable(attr):
-                raise TypeError(
-                    f"FlopsEstimator: {type(self.model).__name__}.{name} must be a method taking the batch, "
-                    f"got {type(attr).__name__}"
-                )
+        if (
+            isinstance(max_counted_shapes, bool)
+            or not isinstance(max_counted_shapes, int)
+            or max_counted_shapes < 0
+        ):
+            raise ValueError(
+                f"FlopsEstimator: max_counted_shapes must be an int >= 0, got {max_counted_shapes!r}"
+            )
         self.loss_fn = loss_fn
         self.max_counted_shapes = max_counted_shapes
+        self.model: torch.nn.Module | None = None  # the unwrapped model being estimated
         self.source: str | None = None
-        self._cache: dict[tuple, int] = {}
-        self._counter = _FakeStepCounter(self.model)
+        self._given: Any = None  # the object passed in, for a cheap identity check per batch
+        self._cache: dict[Any, int] = {}
+        self._counter: _FakeStepCounter | None = None
         self._counter_failed = False
         self._cap_warned = False
         self._logged_sources: set[str] = set()
 
-    def __call__(self, batch: Mapping[str, Any]) -> float:
+    def _bind(self, given: torch.nn.Module) -> None:
+        if not isinstance(given, torch.nn.Module):
+            raise TypeError(f"FlopsEstimator: model must be a torch.nn.Module, got {type(given).__name__}")
+        model = _unwrap(given)
+        for name in ("flops_per_batch", "floating_point_ops"):
+            attr = getattr(model, name, None)
+            if attr is not None and not callable(attr):
+                raise TypeError(
+                    f"FlopsEstimator: {type(model).__name__}.{name} must be a method taking the batch, "
+                    f"got {type(attr).__name__}"
+                )
+        self._given, self.model = given, model
+        self._cache = {}
+        self._counter = _FakeStepCounter(model)
+        self._counter_failed = False
+        self._cap_warned = False
+
+    def per_batch(self, model: torch.nn.Module, batch: Mapping[str, Any]) -> float:
+        """FLOPs of one forward + backward of `model` on `batch`."""
+        if model is not self._given:
+            self._bind(model)
         model = self.model
         method = getattr(model, "flops_per_batch", None)
         if method is not None:
@@ -436,6 +466,7 @@ class FlopsEstimator:
         return self._use("6N", float(estimate_6n_flops(model, batch)))
 
     def _count(self, batch: Mapping[str, Any]) -> int | None:
+        assert self._counter is not None
         try:
             return self._counter.count(batch, self.loss_fn)
         except Exception as exc:  # the model cannot run on fake tensors: stop trying

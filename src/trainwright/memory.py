@@ -7,25 +7,24 @@ init. ``alloc_delta`` = end - begin (may be negative); ``peaked_delta`` = max(0,
 sum is the memory the stage needed on top of what it started with.
 
 CPU peak, exactly and without a thread on Linux: each stage starts by resetting the process's
-resident-set high-water mark (writing "5" to ``/proc/self/clear_refs``) and ends by reading it
-(``VmHWM`` in ``/proc/self/status``). Where that reset is unavailable (not Linux, kernel without
-``CONFIG_PROC_PAGE_MONITOR``, sandboxes that forbid it) a thread samples the RSS every millisecond
-instead, which can miss short peaks. ``cpu_peak_method`` says which is in use.
+resident-set high-water mark (writing "5" to ``/proc/self/clear_refs``, Linux >= 4.0) and ends by
+reading it (``VmHWM`` in ``/proc/self/status``). Where that reset is unavailable (not Linux, kernel
+without ``CONFIG_PROC_PAGE_MONITOR``, sandboxes that forbid it) a thread samples the RSS every
+millisecond instead, which can miss short peaks. ``cpu_peak_method`` says which is in use.
 
 Limits: figures are for this process only (DataLoader worker processes are not included) and
 RSS counts shared pages once touched; GPU figures are the PyTorch caching allocator's counters of
 the tracked device (not the CUDA context or other libraries' memory). Both the RSS high-water mark
 and ``torch.cuda`` peak counter are process-global: another tool that resets them during a stage
-corrupts the numbers, and this tracker resets them at each stage start. Stages do not nest: a stage
-started while another runs (evaluation inside training) is ignored, and its memory is part of
-the outer stage.
+corrupts the numbers, and this tracker resets them at each stage start (so a whole-run peak read
+elsewhere, e.g. from ``ru_maxrss``, is lost). Stages do not nest: a stage started while another
+runs (evaluation inside training) is ignored, and its memory is part of the outer stage.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import sys
 import threading
 
 import torch
@@ -57,10 +56,9 @@ def _reset_peak_rss() -> bool:
     try:
         with open(_CLEAR_REFS, "w", encoding="ascii") as f:
             f.write("5")
-        _read_status_kb("VmHWM", "VmRSS")
+        return len(_read_status_kb("VmHWM", "VmRSS")) == 2
     except (OSError, ValueError, IndexError):
         return False
-    return True
 
 
 def _current_rss() -> int:
@@ -146,8 +144,10 @@ class TrainerMemoryTracker:
 
     def start(self, stage: str) -> None:
         """Begin tracking `stage`; ignored while another stage is being tracked."""
+        if self.skip_memory_metrics:
+            return
         self._check_stage(stage)
-        if self.skip_memory_metrics or self.cur_stage is not None:
+        if self.cur_stage is not None:
             return
         self.cur_stage = stage
         gc.collect()
@@ -164,8 +164,10 @@ class TrainerMemoryTracker:
 
     def stop(self, stage: str) -> None:
         """End tracking `stage` and store its figures; ignored for a stage that is not the current one."""
+        if self.skip_memory_metrics:
+            return
         self._check_stage(stage)
-        if self.skip_memory_metrics or self.cur_stage != stage:
+        if self.cur_stage != stage:
             return
         gc.collect()
         if self._tracks_gpu:
@@ -188,8 +190,10 @@ class TrainerMemoryTracker:
 
     def update_metrics(self, stage: str, metrics: dict) -> None:
         """Add the memory keys of `stage` (and of init, the first time) to `metrics` in place."""
+        if self.skip_memory_metrics:
+            return
         self._check_stage(stage)
-        if self.skip_memory_metrics or (self.cur_stage is not None and self.cur_stage != stage):
+        if self.cur_stage is not None and self.cur_stage != stage:
             return
         stages = [stage]
         if not self.init_reported and stage != "init" and "init" in self.cpu:
@@ -207,13 +211,8 @@ class TrainerMemoryTracker:
 
     def stop_and_update_metrics(self, stage: str, metrics: dict | None = None) -> None:
         """`stop(stage)`, then `update_metrics(stage, metrics)` when metrics is given."""
-        self._check_stage(stage)
         if self.skip_memory_metrics:
             return
         self.stop(stage)
         if metrics is not None:
             self.update_metrics(stage, metrics)
-
-
-def _platform_note() -> str:  # pragma: no cover - informational only
-    return sys.platform

@@ -34,9 +34,9 @@ _PHASE_SHAPES = ("linear", "cosine", "1-sqrt")
 class _PutsLearningRateBack:
     """After `load_state_dict`, write the restored LR into the optimizer's param groups.
 
-    Without this the optimizer keeps the LR of step 0 until the next `scheduler.step()` whenever the
-    optimizer state is not loaded as well (or is loaded first and then a fresh scheduler built), so
-    the first resumed step would run at the wrong LR.
+    Without this the optimizer keeps the LR of step 0 (set when the fresh scheduler was built) until
+    the next `scheduler.step()`, unless the optimizer state happens to be loaded after the scheduler
+    was built; the first resumed step would then run at the wrong LR.
     """
 
     optimizer: Optimizer

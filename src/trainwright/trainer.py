@@ -42,10 +42,10 @@ from .metrics import log_metrics as _log_metrics
 from .metrics import metrics_format as _metrics_format
 from .metrics import save_metrics as _save_metrics
 from .optim import create_optimizer as _create_optimizer
-from .optim import get_decay_parameter_names
+from .optim import decay_param_groups
 from .reporters import get_reporting_integration_callbacks
 from .runtime import get_runtime
-from .schedules import get_scheduler
+from .schedules import get_learning_rates, get_scheduler
 from .seed import enable_full_determinism, set_seed
 from .state import LoopCursor, TrainerControl, TrainerState
 
@@ -146,7 +146,7 @@ class Trainer:
         self.scaler: torch.amp.GradScaler | None = None
         self.is_in_train = False
         self.hp_search_backend = None
-        self._flops = FlopsEstimator()
+        self._flops: FlopsEstimator | None = None
         self._trial = None
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
         self._memory_tracker.stop_and_update_metrics("init")
@@ -298,13 +298,7 @@ class Trainer:
             model = model or self.model
             if self.optimizer_cls_and_kwargs is not None:
                 cls, kwargs = self.optimizer_cls_and_kwargs
-                decay = set(get_decay_parameter_names(model))
-                params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-                groups = [
-                    {"params": [p for n, p in params if n in decay], "weight_decay": self.args.weight_decay},
-                    {"params": [p for n, p in params if n not in decay], "weight_decay": 0.0},
-                ]
-                self.optimizer = cls([g for g in groups if g["params"]], **kwargs)
+                self.optimizer = cls(decay_param_groups(model, self.args.weight_decay), **kwargs)
             else:
                 self.optimizer = _create_optimizer(model, self.args)
         return self.optimizer
@@ -324,7 +318,7 @@ class Trainer:
     def get_learning_rates(self) -> list[float]:
         if self.optimizer is None:
             raise ValueError("The optimizer has not been created yet.")
-        return [float(g["lr"]) for g in self.optimizer.param_groups]
+        return get_learning_rates(self.optimizer)
 
     def get_num_trainable_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
@@ -699,7 +693,9 @@ class Trainer:
 
     def floating_point_ops(self, inputs: dict[str, Any]) -> int:
         """FLOPs of one forward+backward on `inputs` (see flops.py for the sources, cached per shape)."""
-        return self._flops.per_batch(self.model, inputs)
+        if self._flops is None or self._flops.model is not self.model:
+            self._flops = FlopsEstimator(self.model)
+        return int(self._flops(inputs))
 
     def store_flos(self) -> None:
         self.state.total_flos = self.cursor.flops_seen * self.runtime.world_size

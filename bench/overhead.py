@@ -1,0 +1,185 @@
+"""Loop overhead: trainwright's steps/s against a hand-written PyTorch loop doing the same work.
+
+Both run the same model, data, optimizer (AdamW as trainwright's default picks it), clipping,
+linear schedule and seed, in this process, alternating runs; the best of each is compared.
+transformers.Trainer (and Lightning, if installed) run the same workloads too.
+
+    .venv/bin/python bench/overhead.py [--repeats 3] [--mlp-steps 3000] [--gpt-steps 40]
+
+Goals: >= 0.97x the raw loop on the tiny MLP, >= 0.99x on the GPT-2 workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, RandomSampler
+
+warnings.filterwarnings("ignore")
+logging.disable(logging.WARNING)
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+
+    def forward(self, x, labels=None):
+        out = self.net(x).squeeze(-1)
+        return {"loss": nn.functional.mse_loss(out, labels), "logits": out}
+
+
+class VecData(Dataset):
+    def __init__(self, n=4096):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 32, generator=g)
+        self.y = self.x.sum(-1)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+class TokenData(Dataset):
+    def __init__(self, n=512, seq=128, vocab=256):
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, vocab, (n, seq), generator=g)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def gpt_model():
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(n_layer=2, n_embd=256, n_head=4, vocab_size=256, n_positions=128)
+        return GPT2LMHeadModel(cfg), "transformers GPT2LMHeadModel"
+    except ImportError:
+        from trainwright.tinygpt import TinyGPT, TinyGPTConfig
+
+        return TinyGPT(TinyGPTConfig(block_size=128, n_layer=2, n_embd=256, n_head=4)), "trainwright TinyGPT"
+
+
+def make_optimizer(model):
+    from trainwright.optim import get_decay_parameter_names
+
+    decay = set(get_decay_parameter_names(model))
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for n, p in params if n in decay], "weight_decay": 0.0},
+        {"params": [p for n, p in params if n not in decay], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=1e-4, fused=True)
+
+
+def raw_loop(model, data, steps, batch_size):
+    """The hand-written loop: shuffle, collate, forward, backward, clip, step, schedule, zero."""
+    torch.manual_seed(42)
+    opt = make_optimizer(model)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / steps))
+    loader = DataLoader(data, batch_size=batch_size, sampler=RandomSampler(data, generator=torch.Generator().manual_seed(42)))
+    model.train()
+    done = 0
+    start = time.perf_counter()
+    while done < steps:
+        for batch in loader:
+            loss = model(**batch)["loss"]
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            done += 1
+            if done == steps:
+                break
+    return steps / (time.perf_counter() - start)
+
+
+def trainwright_loop(model, data, steps, batch_size):
+    from trainwright import Trainer, TrainingArguments
+
+    with tempfile.TemporaryDirectory() as out:
+        args = TrainingArguments(
+            output_dir=out, max_steps=steps, per_device_train_batch_size=batch_size, learning_rate=1e-4,
+            save_strategy="no", report_to="none", disable_tqdm=True, logging_steps=500, seed=42, use_cpu=True,
+        )
+        trainer = Trainer(model=model, args=args, train_dataset=data)
+        start = time.perf_counter()
+        trainer.train()
+        return steps / (time.perf_counter() - start)
+
+
+def transformers_loop(model, data, steps, batch_size):
+    import transformers
+
+    with tempfile.TemporaryDirectory() as out:
+        args = transformers.TrainingArguments(
+            output_dir=out, max_steps=steps, per_device_train_batch_size=batch_size, learning_rate=1e-4,
+            save_strategy="no", report_to="none", disable_tqdm=True, logging_steps=500, seed=42, use_cpu=True,
+        )
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
+        start = time.perf_counter()
+        trainer.train()
+        return steps / (time.perf_counter() - start)
+
+
+def bench(name, model_fn, data, steps, batch_size, repeats, peers):
+    runners = {"raw": raw_loop, "trainwright": trainwright_loop}
+    if "transformers" in peers:
+        runners["transformers.Trainer"] = transformers_loop
+    results: dict[str, list[float]] = {k: [] for k in runners}
+    for _ in range(repeats):
+        for key, fn in runners.items():
+            torch.manual_seed(0)
+            results[key].append(fn(model_fn(), data, steps, batch_size))
+    best = {k: max(v) for k, v in results.items()}
+    print(f"\n{name}: {steps} steps, batch {batch_size}, best of {repeats}")
+    for key, v in results.items():
+        ratio = best[key] / best["raw"]
+        print(f"  {key:22s} {best[key]:9.1f} steps/s  (median {statistics.median(v):9.1f})  ratio vs raw {ratio:.3f}")
+    return best["trainwright"] / best["raw"]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--mlp-steps", type=int, default=3000)
+    p.add_argument("--gpt-steps", type=int, default=40)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    ns = p.parse_args()
+    if ns.threads:
+        torch.set_num_threads(ns.threads)
+    peers = []
+    try:
+        import transformers  # noqa: F401
+
+        peers.append("transformers")
+    except ImportError:
+        pass
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, peers: {peers or 'none installed'}")
+    mlp = bench("tiny MLP (overhead-bound)", MLP, VecData(), ns.mlp_steps, 8, ns.repeats, peers)
+    model_name = gpt_model()[1]
+    gpt = bench(f"2-layer GPT-2, seq 128 ({model_name}, compute-bound)", lambda: gpt_model()[0], TokenData(),
+                ns.gpt_steps, 8, ns.repeats, peers)
+    print(f"\nSUMMARY trainwright/raw: tiny MLP {mlp:.3f} (goal >= 0.97), GPT-2 {gpt:.3f} (goal >= 0.99)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

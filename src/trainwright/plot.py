@@ -1,0 +1,146 @@
+"""`trainwright plot OUTPUT_DIR`: draw a run's log history (trainer_state.json) as PNG files.
+
+Figures, each written only when the history has data for it:
+
+``plot_loss.png``           training loss and every eval loss (``eval_loss``, ``eval_<set>_loss``) vs step
+``plot_eval_metrics.png``   the other ``eval_*`` metrics, one panel each (timings and memory left out)
+``plot_learning_rate.png``  learning rate vs step
+``plot_grad_norm.png``      gradient norm vs step
+``plot_throughput.png``     ``throughput/*`` rates (SpeedMonitor), with the end-of-run ``train_*_per_second``
+                            averages as flat lines over the matching rate (own panel otherwise)
+
+matplotlib is an extra (``pip install 'trainwright[plot]'``). Figures are rendered with the Agg
+canvas directly, without pyplot, so drawing never changes the caller's matplotlib backend.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+from typing import Any
+
+STATE_FILE = "trainer_state.json"
+# Keys that describe the run (timing, memory, counters) rather than the model's quality.
+_RUN_KEY_MARKERS = ("_runtime", "_per_second", "_mem_", "_compilation_time")
+# End-of-run averages and the SpeedMonitor rate each one is drawn over (as a flat line).
+_RUN_AVERAGES = {
+    "train_samples_per_second": "throughput/samples_per_sec",
+    "train_steps_per_second": "throughput/batches_per_sec",
+    "train_tokens_per_second": "throughput/tokens_per_sec",
+}
+
+Series = tuple[list[float], list[float]]  # (steps, values)
+
+
+def plot_run(output_dir: str) -> list[str]:
+    """Draw the figures of the run in `output_dir` into that folder; return the files written."""
+    history = load_log_history(output_dir)
+    Figure, FigureCanvasAgg = _import_matplotlib()
+    written = []
+    for name, title, panels in _figures(history):
+        fig = Figure(figsize=(7, 3.2 * len(panels)), layout="constrained")
+        FigureCanvasAgg(fig)
+        axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
+        for ax, (panel_title, series) in zip(axes, panels):
+            for label, (steps, values) in series.items():
+                ax.plot(steps, values, label=label, marker="o" if len(steps) <= 30 else None, markersize=3)
+            ax.set_title(panel_title)
+            ax.set_xlabel("step")
+            ax.grid(True, alpha=0.3)
+            if len(series) > 1:
+                ax.legend()
+        fig.suptitle(title)
+        path = os.path.join(output_dir, name)
+        fig.savefig(path, dpi=100)
+        written.append(path)
+    return written
+
+
+def load_log_history(output_dir: str) -> list[dict[str, Any]]:
+    """The `log_history` rows of `output_dir/trainer_state.json`, with a clear error when unreadable."""
+    if not os.path.isdir(output_dir):
+        raise FileNotFoundError(f"trainwright plot: {output_dir} is not a folder.")
+    path = os.path.join(output_dir, STATE_FILE)
+    if not os.path.isfile(path):
+        checkpoints = sorted(
+            (d for d in os.listdir(output_dir) if d.startswith("checkpoint-") and d[11:].isdigit()),
+            key=lambda d: int(d[11:]),
+        )
+        hint = (
+            f" Each checkpoint holds one: try {os.path.join(output_dir, checkpoints[-1])}."
+            if checkpoints
+            else " Trainer.save_state() writes it."
+        )
+        raise FileNotFoundError(f"trainwright plot: {path} does not exist.{hint}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            state = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"trainwright plot: {path} is not readable JSON ({e}).") from e
+    history = state.get("log_history") if isinstance(state, dict) else None
+    if not isinstance(history, list) or not all(isinstance(row, dict) for row in history):
+        raise ValueError(f"trainwright plot: {path} has no 'log_history' list of log rows.")
+    return history
+
+
+def _figures(history: list[dict[str, Any]]) -> list[tuple[str, str, list[tuple[str, dict[str, Series]]]]]:
+    """(file name, title, panels) of each figure that has data; a panel is (title, {label: series})."""
+    keys = sorted({k for row in history for k in row})
+    series = {k: s for k in keys if (s := _series(history, k))[0]}
+
+    def panels(names: list[str]) -> list[tuple[str, dict[str, Series]]]:
+        return [(n, {n: series[n]}) for n in names]
+
+    loss_keys = [k for k in series if k == "loss" or (k.startswith("eval_") and k.endswith("_loss"))]
+    eval_keys = [
+        k
+        for k in series
+        if k.startswith("eval_") and k not in loss_keys and not any(m in k for m in _RUN_KEY_MARKERS)
+    ]
+    # whole-run rates (throughput/*) first, then per-device ones
+    windowed = sorted((k for k in series if k.startswith("throughput/")), key=lambda k: (k.count("/"), k))
+    throughput = [(k, {k: series[k]}) for k in windowed]
+    for key, over in _RUN_AVERAGES.items():
+        if key not in series:
+            continue
+        target = next((p for title, p in throughput if title == over), None)
+        if target is not None and len(series[key][0]) == 1:
+            steps = target[over][0]
+            target[f"{key} (run average)"] = ([steps[0], steps[-1]], series[key][1] * 2)
+        else:
+            throughput.append((key, {key: series[key]}))
+    candidates = [
+        ("plot_loss.png", "Loss", [("loss", {k: series[k] for k in loss_keys})] if loss_keys else []),
+        ("plot_eval_metrics.png", "Evaluation metrics", panels(eval_keys)),
+        ("plot_learning_rate.png", "Learning rate", panels([k for k in ("learning_rate",) if k in series])),
+        ("plot_grad_norm.png", "Gradient norm", panels([k for k in ("grad_norm",) if k in series])),
+        ("plot_throughput.png", "Throughput", throughput),
+    ]
+    return [c for c in candidates if c[2]]
+
+
+def _series(history: list[dict[str, Any]], key: str) -> Series:
+    """Steps and values of `key` over the rows that hold a real number for it (NaN/inf left out)."""
+    steps: list[float] = []
+    values: list[float] = []
+    for row in history:
+        value, step = row.get(key), row.get("step")
+        if _is_number(value) and _is_number(step) and math.isfinite(value):
+            steps.append(float(step))
+            values.append(float(value))
+    return steps, values
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _import_matplotlib() -> tuple[Any, Any]:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        raise ImportError("trainwright plot needs matplotlib: pip install 'trainwright[plot]'") from e
+    return Figure, FigureCanvasAgg

@@ -1,0 +1,186 @@
+"""`trainwright plot`: figures drawn from a trainer_state.json log history."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("matplotlib")
+from matplotlib.image import imread  # noqa: E402
+
+from trainwright import cli  # noqa: E402
+from trainwright.plot import load_log_history, plot_run  # noqa: E402
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _history(steps: int = 20, eval_every: int = 5) -> list[dict]:
+    rows: list[dict] = []
+    for step in range(1, steps + 1):
+        rows.append(
+            {
+                "loss": 2.0 / step,
+                "grad_norm": 1.0 + 0.1 * step,
+                "learning_rate": 1e-3 * (1 - step / steps),
+                "epoch": step / 10,
+                "step": step,
+                "throughput/samples_per_sec": 100.0 + step,
+                "throughput/device/samples_per_sec": 50.0 + step,
+            }
+        )
+        if step % eval_every == 0:
+            rows.append(
+                {
+                    "eval_loss": 2.5 / step,
+                    "eval_accuracy": step / steps,
+                    "eval_runtime": 0.5,
+                    "eval_samples_per_second": 200.0,
+                    "eval_steps_per_second": 20.0,
+                    "epoch": step / 10,
+                    "step": step,
+                }
+            )
+    rows.append(
+        {
+            "train_runtime": 12.0,
+            "train_samples_per_second": 110.0,
+            "train_steps_per_second": 1.6,
+            "total_flos": 1e9,
+            "train_loss": 0.5,
+            "epoch": 2.0,
+            "step": steps,
+        }
+    )
+    return rows
+
+
+def _write_state(folder, history: list[dict]) -> str:
+    os.makedirs(folder, exist_ok=True)
+    state = {"global_step": 20, "epoch": 2.0, "log_history": history, "best_metric": None}
+    with open(os.path.join(folder, "trainer_state.json"), "w") as f:
+        json.dump(state, f)
+    return str(folder)
+
+
+def _check_png(path: str) -> None:
+    with open(path, "rb") as f:
+        assert f.read(8) == PNG_SIGNATURE
+    assert os.path.getsize(path) > 5_000
+    image = imread(path)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+    assert image.std() > 0.01  # something was drawn, not a blank canvas
+
+
+def test_plot_run_draws_every_figure_with_data(tmp_path):
+    folder = _write_state(tmp_path / "run", _history())
+    paths = plot_run(folder)
+    names = {os.path.basename(p) for p in paths}
+    assert names == {
+        "plot_loss.png",
+        "plot_eval_metrics.png",
+        "plot_learning_rate.png",
+        "plot_grad_norm.png",
+        "plot_throughput.png",
+    }
+    for p in paths:
+        assert os.path.dirname(p) == folder
+        _check_png(p)
+
+
+def test_plot_run_draws_only_what_the_history_holds(tmp_path):
+    # a run without evaluation, clipping or SpeedMonitor: loss and learning rate only
+    rows = [{"loss": 1.0 / s, "learning_rate": 1e-3, "epoch": s / 4, "step": s} for s in range(1, 9)]
+    folder = _write_state(tmp_path / "run", rows)
+    names = {os.path.basename(p) for p in plot_run(folder)}
+    assert names == {"plot_loss.png", "plot_learning_rate.png"}
+    assert not os.path.exists(os.path.join(folder, "plot_eval_metrics.png"))
+
+
+def test_eval_metrics_figure_leaves_out_timing_and_memory_keys(tmp_path):
+    # eval rows with only loss and timings/memory: no eval-metrics figure, but loss has eval_loss
+    rows = [
+        {"loss": 1.0, "step": 1},
+        {
+            "eval_loss": 1.2,
+            "eval_runtime": 0.1,
+            "eval_samples_per_second": 9.0,
+            "eval_mem_cpu_alloc_delta": 5,
+            "step": 1,
+        },
+    ]
+    folder = _write_state(tmp_path / "run", rows)
+    names = {os.path.basename(p) for p in plot_run(folder)}
+    assert names == {"plot_loss.png"}
+
+
+def test_non_finite_and_non_numeric_values_are_skipped(tmp_path):
+    rows = [
+        {"loss": float("nan"), "step": 1},
+        {"loss": 1.0, "step": 2},
+        {"eval_accuracy": "n/a", "step": 2},
+        {"eval_flag": True, "step": 2},
+    ]
+    folder = _write_state(tmp_path / "run", rows)
+    assert {os.path.basename(p) for p in plot_run(folder)} == {"plot_loss.png"}
+
+
+def test_empty_history_draws_nothing(tmp_path):
+    folder = _write_state(tmp_path / "run", [])
+    assert plot_run(folder) == []
+
+
+def test_missing_state_file_names_the_file_and_the_newest_checkpoint(tmp_path):
+    (tmp_path / "checkpoint-10").mkdir()
+    (tmp_path / "checkpoint-9").mkdir()
+    with pytest.raises(FileNotFoundError) as e:
+        plot_run(str(tmp_path))
+    assert "trainer_state.json" in str(e.value)
+    assert "checkpoint-10" in str(e.value)
+    with pytest.raises(FileNotFoundError, match="is not a folder"):
+        plot_run(str(tmp_path / "nope"))
+
+
+def test_corrupt_state_file_is_a_clear_error(tmp_path):
+    (tmp_path / "trainer_state.json").write_text("{not json")
+    with pytest.raises(ValueError, match="trainer_state.json is not readable JSON"):
+        load_log_history(str(tmp_path))
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 3}))
+    with pytest.raises(ValueError, match="no 'log_history'"):
+        load_log_history(str(tmp_path))
+
+
+def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch):
+    folder = _write_state(tmp_path / "run", _history())
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    with pytest.raises(ImportError, match=r"pip install 'trainwright\[plot\]'"):
+        plot_run(folder)
+
+
+def test_cli_plot_prints_the_paths(tmp_path, capsys):
+    folder = _write_state(tmp_path / "run", _history())
+    assert cli.main(["plot", folder]) == 0
+    printed = capsys.readouterr().out.split()
+    assert sorted(printed) == sorted(
+        os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".png")
+    )
+    assert len(printed) == 5
+
+
+def test_run_average_rates_overlay_the_matching_windowed_rate():
+    from trainwright.plot import _figures
+
+    figures = {name: panels for name, _, panels in _figures(_history())}
+    throughput = dict(figures["plot_throughput.png"])
+    # the per-process rate comes before the per-device one; the run average is a flat line on it
+    assert list(throughput)[:2] == ["throughput/samples_per_sec", "throughput/device/samples_per_sec"]
+    steps, values = throughput["throughput/samples_per_sec"]["train_samples_per_second (run average)"]
+    assert steps == [1.0, 20.0] and values == [110.0, 110.0]
+    # no SpeedMonitor batches rate in this history: the steps/s average gets its own panel
+    assert throughput["train_steps_per_second"] == {"train_steps_per_second": ([20.0], [1.6])}
+    assert "train_samples_per_second" not in throughput
+    loss_panel = dict(figures["plot_loss.png"])["loss"]
+    assert set(loss_panel) == {"loss", "eval_loss"}
+    assert [t for t, _ in figures["plot_eval_metrics.png"]] == ["eval_accuracy"]
