@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -210,6 +211,7 @@ def test_missing_weights_and_missing_shard_are_named(tmp_path):
         ckpt.load_model_weights(_mlp(), tmp_path)
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # raised by torch.compile's imports
 def test_wrapped_models_save_their_own_keys(tmp_path):
     model = _mlp(0)
     ckpt.save_model_weights(torch.compile(model), tmp_path / "compiled")
@@ -262,6 +264,7 @@ def test_transformers_model_round_trip(tmp_path):
 
 
 # -- safe loading --------------------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 @pytest.mark.parametrize("writer", ["torch.save", "pickle"])
 def test_malicious_payload_is_refused_and_never_runs(tmp_path, writer):
     # Control: the payload really would create its marker if anything unpickled it.
@@ -325,6 +328,18 @@ def test_capture_and_restore_rng_state():
     assert _draw() != first
     ckpt.restore_rng_state(state)
     assert _draw() == first
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_rng_state_round_trip(tmp_path):
+    torch.cuda.manual_seed_all(3)
+    torch.rand(1, device="cuda")  # CUDA in use: its generators are part of the state
+    ckpt.save_rng_state(tmp_path)
+    state = torch.load(tmp_path / "rng_state.pth", weights_only=True)
+    assert len(state["cuda"]) == torch.cuda.device_count()
+    first = torch.rand(4, device="cuda").tolist()
+    assert ckpt.load_rng_state(tmp_path)
+    assert torch.rand(4, device="cuda").tolist() == first
 
 
 def test_rng_file_round_trip_is_weights_only(tmp_path):
@@ -447,6 +462,43 @@ def test_write_checkpoint_commits_with_marker(tmp_path):
     assert marker["files"] == {"a.bin": 5, "trainer_state.json": 2}
     assert ckpt.verify_checkpoint(path) == [] and _hidden(out) == []
     assert ckpt.get_last_checkpoint(out) == path
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name fsynced descriptors")
+def test_everything_is_fsynced_before_the_rename(tmp_path, monkeypatch):
+    events = []
+    real_fsync, real_rename = os.fsync, os.rename
+    monkeypatch.setattr(
+        os,
+        "fsync",
+        lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))), real_fsync(fd))[1],
+    )
+    monkeypatch.setattr(
+        os, "rename", lambda a, b: (events.append(("rename", os.fspath(a))), real_rename(a, b))[1]
+    )
+
+    def write(tmp):
+        ckpt.save_model_weights(_mlp(), tmp)
+        ckpt.save_torch_state({"step": torch.tensor(3)}, os.path.join(tmp, ckpt.OPTIMIZER_NAME))
+        ckpt.write_json(os.path.join(tmp, ckpt.TRAINER_STATE_NAME), {})
+        ckpt.save_rng_state(tmp)
+        os.makedirs(os.path.join(tmp, "sub"))
+        pathlib.Path(tmp, "sub", "user.txt").write_text("written without our helpers")
+
+    path = ckpt.write_checkpoint(tmp_path, "checkpoint-1", write)
+    (commit,) = [i for i, e in enumerate(events) if e[0] == "rename" and ".checkpoint-1.tmp-" in e[1]]
+    tmp = events[commit][1]
+    synced_before = [e[1] for e in events[:commit] if e[0] == "fsync"]
+    files = [os.path.relpath(os.path.join(r, n), path) for r, _, ns in os.walk(path) for n in ns]
+    assert len(files) == 6
+    for rel in files:  # each file once: the helpers leave flushing to the commit
+        assert synced_before.count(os.path.join(tmp, rel)) == 1, rel
+    assert tmp in synced_before and os.path.join(tmp, "sub") in synced_before
+    assert ("fsync", str(tmp_path)) in events[commit + 1 :]
+
+    events.clear()
+    ckpt.save_torch_state({"step": 1}, tmp_path / "alone.pt")  # outside a checkpoint: flushed at once
+    assert events == [("fsync", str(tmp_path / "alone.pt"))]
 
 
 def test_write_checkpoint_replaces_same_name(tmp_path):
@@ -572,10 +624,13 @@ def test_get_last_checkpoint_skips_damaged_and_accepts_transformers_folders(tmp_
     (partial / "model.safetensors").write_bytes(b"x")
     damaged = _fake_checkpoint(tmp_path, 10)
     pathlib.Path(damaged, "model.safetensors").write_bytes(b"")
-    with pytest.warns(
-        UserWarning, match="skipping incomplete checkpoint .*checkpoint-20: trainer_state.json is missing"
-    ):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         assert ckpt.get_last_checkpoint(tmp_path) == str(hf)
+    assert [str(w.message) for w in caught] == [
+        f"skipping incomplete checkpoint {partial}: trainer_state.json is missing",
+        f"skipping incomplete checkpoint {damaged}: model.safetensors has 0 bytes, expected 1",
+    ]
     (tmp_path / "checkpoint-30.txt").write_text("not a folder")
     good = _fake_checkpoint(tmp_path, 11)
     with pytest.warns(UserWarning, match="checkpoint-20"):

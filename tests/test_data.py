@@ -27,7 +27,6 @@ from trainwright.data import (
     default_data_collator,
     forward_arg_names,
     has_length,
-    interleave_shards,
     is_causal_lm,
     iterable_resume_state,
     load_iterable_resume_state,
@@ -195,19 +194,6 @@ def test_sharding_two_ranks_covers_dataset_and_records_padding():
         ResumableSampler(10, num_replicas=2, rank=2)
     with pytest.raises(ValueError, match="num_replicas"):
         ResumableSampler(10, num_replicas=0)
-
-
-def test_interleave_shards_restores_dataset_order_and_trims_padding():
-    n, world = 7, 3
-    samplers = [ResumableSampler(n, shuffle=False, num_replicas=world, rank=r) for r in range(world)]
-    assert samplers[0].num_padding == 2
-    shards = [torch.tensor(list(s)) * 10 for s in samplers]  # "predictions" of each rank
-    assert interleave_shards(shards, n).tolist() == [i * 10 for i in range(n)]
-    # gathering batch by batch (batch size 2) and interleaving each gives the same order
-    batches = [interleave_shards([s[i : i + 2] for s in shards], 10**6) for i in range(0, 3, 2)]
-    assert torch.cat(batches)[:n].tolist() == [i * 10 for i in range(n)]
-    with pytest.raises(ValueError, match="sizes"):
-        interleave_shards([torch.zeros(2), torch.zeros(3)], 5)
 
 
 def test_state_dict_round_trip_and_mismatch_errors():
@@ -450,7 +436,9 @@ def test_without_workers_the_loader_leaves_global_rng_alone_and_resume_is_exact(
     assert not torch.equal(states[0], torch.get_rng_state())
 
     # the data draws from the process RNG; restoring it at the resume point replays the tail exactly
-    torch.manual_seed(0), np.random.seed(0), random.seed(0)
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
     uninterrupted, saved = _random_loader(0), None
     uninterrupted.set_epoch(1)
     rows = []
@@ -461,7 +449,9 @@ def test_without_workers_the_loader_leaves_global_rng_alone_and_resume_is_exact(
     resumed = _random_loader(0)
     resumed.set_epoch(1)
     resumed.sampler.set_start(8)
-    torch.set_rng_state(saved[0]), np.random.set_state(saved[1]), random.setstate(saved[2])
+    torch.set_rng_state(saved[0])
+    np.random.set_state(saved[1])
+    random.setstate(saved[2])
     assert as_rows(list(resumed)) == as_rows(rows)[2:]
 
 

@@ -193,18 +193,19 @@ def test_custom_loss_fn_is_used():
     assert count_flops(model, _mlp_batch(4), loss_fn=forward_only) == 2 * 4 * (16 * 32 + 32 * 8)
 
 
-def _gpt2_analytic(model, batch_size, seq):
+def _gpt2_flops(model, batch_size, seq, attention_units):
+    """Linear layers 6 FLOPs per weight per token (the first layer, the embedding, needs no input
+    gradient matmul); attention `attention_units` matmuls of 2*B*S*S*d FLOPs per layer."""
     cfg = model.config
     tokens = batch_size * seq
     linear = sum(m.weight.numel() for m in model.modules() if type(m).__name__ == "Conv1D")
     linear += cfg.n_embd * cfg.vocab_size  # the (tied) output projection
-    # QK^T and PV: 2 matmuls of 2*B*S*S*d FLOPs per layer forward, x3 with backward (full S x S)
-    attention = 3 * 2 * 2 * batch_size * seq * seq * cfg.n_embd * cfg.n_layer
+    attention = attention_units * 2 * batch_size * seq * seq * cfg.n_embd * cfg.n_layer
     return 6 * tokens * linear + attention
 
 
 def test_tiny_gpt2_count_matches_analytic_formula_and_leaves_the_model_alone():
-    model = tiny_gpt2()
+    model = tiny_gpt2(dropout=0.0)
     b, s = 4, 16
     ids = torch.randint(0, model.config.vocab_size, (b, s))
     mask = torch.ones_like(ids)
@@ -218,15 +219,28 @@ def test_tiny_gpt2_count_matches_analytic_formula_and_leaves_the_model_alone():
 
     counted = count_flops(model, batch)
 
-    assert counted == _gpt2_analytic(model, b, s)
+    # Without dropout SDPA runs the fused CPU flash kernel: forward QK^T + PV (2 units), backward
+    # recomputes QK^T and 4 gradient matmuls (5 units). The usual analytic formula has 2 + 4.
+    assert counted == _gpt2_flops(model, b, s, attention_units=7)
+    analytic = _gpt2_flops(model, b, s, attention_units=6)
     six_n = estimate_6n_flops(model, batch)
-    print(f"tiny GPT-2: counted / 6N = {counted / six_n:.3f}, counted / analytic = 1.000")
+    print(
+        f"tiny GPT-2: counted / 6N = {counted / six_n:.3f}, counted / analytic(6N + attention) = {counted / analytic:.3f}"
+    )
     assert counted > six_n  # 6N ignores attention and the tied output projection
     assert calls == []  # no real forward ran, and the real model's hooks never fired
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
     assert not any(isinstance(p, torch._subclasses.FakeTensor) for p in model.parameters())
     assert torch.equal(rng, torch.get_rng_state())
+
+
+def test_unfused_attention_path_counts_the_analytic_six_units():
+    model = tiny_gpt2(dropout=0.1)  # attention dropout in training selects SDPA's math path
+    ids = torch.randint(0, model.config.vocab_size, (4, 16))
+    assert count_flops(model, {"input_ids": ids, "labels": ids}) == _gpt2_flops(
+        model, 4, 16, attention_units=6
+    )
 
 
 class DataDependent(nn.Module):
@@ -257,7 +271,15 @@ def test_count_flops_returns_none_when_the_model_cannot_run_on_fake_tensors(capl
 def test_counting_a_large_model_does_not_copy_its_weights(n_layer):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=n_layer, n_embd=768, n_head=12, bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        n_layer=n_layer,
+        n_embd=768,
+        n_head=12,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_pdrop=0.0,
+        resid_pdrop=0.0,
+    )
     model = transformers.GPT2LMHeadModel(config)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     ids = torch.randint(0, config.vocab_size, (8, 128))
@@ -275,7 +297,7 @@ def test_counting_a_large_model_does_not_copy_its_weights(n_layer):
         f"GPT-2 n_layer={n_layer} n_embd=768, batch 8 x 128: count_flops {seconds:.2f} s, "
         f"{counted / 1e12:.3f} TFLOPs, peak RSS +{peak / 2**20:.1f} MiB vs weights {weight_bytes / 2**20:.0f} MiB"
     )
-    assert counted == _gpt2_analytic(model, 8, 128)
+    assert counted == _gpt2_flops(model, 8, 128, attention_units=7)
     assert peak < 0.1 * weight_bytes
 
 
@@ -308,8 +330,8 @@ def test_model_flops_per_batch_comes_first(caplog):
             raise AssertionError("must not be called")
 
     MLP.forwards = 0
-    estimator = FlopsEstimator()
-    assert estimator.per_batch(WithMethod(), _mlp_batch(4)) == 492
+    estimator = FlopsEstimator(WithMethod())
+    assert estimator(_mlp_batch(4)) == 492
     assert estimator.source == "model.flops_per_batch"
     assert MLP.forwards == 0
     assert "FLOPs per batch from model.flops_per_batch" in caplog.text
@@ -320,8 +342,8 @@ def test_floating_point_ops_comes_second():
         def floating_point_ops(self, batch):
             return 6 * 1000 * batch["x"].shape[0]
 
-    estimator = FlopsEstimator()
-    assert estimator.per_batch(WithFpo(), _mlp_batch(2)) == 12000
+    estimator = FlopsEstimator(WithFpo())
+    assert estimator(_mlp_batch(2)) == 12000
     assert estimator.source == "model.floating_point_ops"
 
 
@@ -329,37 +351,34 @@ def test_counter_is_used_and_cached_per_batch_shape(caplog):
     caplog.set_level(logging.INFO, logger="trainwright.flops")
     model = MLP()
     wrapped = nn.DataParallel(model)  # wrappers are looked through
-    estimator = FlopsEstimator()
+    estimator = FlopsEstimator(wrapped)
+    assert estimator.model is wrapped and estimator.module is model
     MLP.forwards = 0
     expected = count_flops(model, _mlp_batch(4))
     assert MLP.forwards == 1
-    assert estimator.per_batch(wrapped, _mlp_batch(4)) == expected
-    assert estimator.model is model
-    assert estimator.per_batch(wrapped, _mlp_batch(4)) == expected
+    assert estimator(_mlp_batch(4)) == expected
+    assert estimator(_mlp_batch(4)) == expected
     assert MLP.forwards == 2  # counted once for this shape
     assert estimator.source == "flop_counter"
-    assert estimator.per_batch(wrapped, _mlp_batch(6)) == expected * 6 / 4
+    assert estimator(_mlp_batch(6)) == expected * 6 / 4
     assert MLP.forwards == 3
     batch = _mlp_batch(4)
     batch["x"] = batch["x"].double()
     model.double()
-    estimator.per_batch(wrapped, batch)
+    estimator(batch)
     assert MLP.forwards == 4  # another dtype is another entry
     assert "FLOPs per batch from flop_counter" in caplog.text
-    other = MLP()
-    estimator.per_batch(other, _mlp_batch(4))  # another model: counted afresh
-    assert estimator.model is other and MLP.forwards == 5
 
 
 def test_six_n_is_the_last_fallback_and_counting_is_not_retried(caplog):
     caplog.set_level(logging.INFO, logger="trainwright.flops")
     model = DataDependent()
-    estimator = FlopsEstimator()
+    estimator = FlopsEstimator(model)
     DataDependent.forwards = 0
     batch = {"x": torch.randn(3, 8)}
-    assert estimator.per_batch(model, batch) == estimate_6n_flops(model, batch) == 6 * 72 * 3
+    assert estimator(batch) == estimate_6n_flops(model, batch) == 6 * 72 * 3
     assert estimator.source == "6N"
-    assert estimator.per_batch(model, {"x": torch.randn(5, 8)}) == 6 * 72 * 5
+    assert estimator({"x": torch.randn(5, 8)}) == 6 * 72 * 5
     assert DataDependent.forwards == 1
     assert "using the 6N estimate instead" in caplog.text
 
@@ -367,14 +386,14 @@ def test_six_n_is_the_last_fallback_and_counting_is_not_retried(caplog):
 def test_shapes_beyond_the_counting_limit_use_6n(caplog):
     caplog.set_level(logging.WARNING, logger="trainwright.flops")
     model = MLP()
-    estimator = FlopsEstimator(max_counted_shapes=1)
-    assert estimator.per_batch(model, _mlp_batch(2)) == count_flops(model, _mlp_batch(2))
-    assert estimator.per_batch(model, _mlp_batch(3)) == estimate_6n_flops(model, _mlp_batch(3))
+    estimator = FlopsEstimator(model, max_counted_shapes=1)
+    assert estimator(_mlp_batch(2)) == count_flops(model, _mlp_batch(2))
+    assert estimator(_mlp_batch(3)) == estimate_6n_flops(model, _mlp_batch(3))
     assert estimator.source == "6N"
-    estimator.per_batch(model, _mlp_batch(5))
+    estimator(_mlp_batch(5))
     assert caplog.text.count("distinct batch shapes") == 1
     # shapes already counted still are
-    assert estimator.per_batch(model, _mlp_batch(2)) == count_flops(model, _mlp_batch(2))
+    assert estimator(_mlp_batch(2)) == count_flops(model, _mlp_batch(2))
     assert estimator.source == "flop_counter"
 
 
@@ -383,11 +402,11 @@ def test_bad_estimator_inputs_are_rejected():
         flops_per_batch = 5
 
     with pytest.raises(TypeError, match="Attr.flops_per_batch must be a method"):
-        FlopsEstimator().per_batch(Attr(), _mlp_batch(2))
+        FlopsEstimator(Attr())
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
-        FlopsEstimator().per_batch(lambda x: x, _mlp_batch(2))
+        FlopsEstimator(lambda x: x)
     with pytest.raises(ValueError, match="max_counted_shapes"):
-        FlopsEstimator(max_counted_shapes=-1)
+        FlopsEstimator(MLP(), max_counted_shapes=-1)
 
 
 def test_tf32_enabled_reflects_matmul_precision():
@@ -411,11 +430,11 @@ def test_compiled_models_are_counted_on_the_eager_copy():
         return graph_module.forward
 
     compiled = torch.compile(model, backend=backend)
-    estimator = FlopsEstimator()
+    estimator = FlopsEstimator(compiled)
+    assert estimator.module is model  # the wrapper is looked through
     calls = []
     model.layers[0].register_forward_hook(lambda *a: calls.append(1))
     model.compile(backend=backend)  # compiled in place too
-    assert estimator.per_batch(compiled, _mlp_batch(4)) == eager
-    assert estimator.model is model  # the wrapper is looked through
+    assert estimator(_mlp_batch(4)) == eager
     assert count_flops(compiled, _mlp_batch(4)) == eager
     assert calls == [] and compiles == []  # neither the real model nor dynamo ran

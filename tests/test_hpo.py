@@ -218,6 +218,10 @@ def test_bad_requests_fail_before_any_training(make_trainer, make_args):
     with pytest.raises(TypeError, match="unknown keyword arguments \\['prunner'\\]"):
         trainer.hyperparameter_search(hp_space=lr_space, prunner=None)
     assert recorder.runs == []
+    original = trainer.args
+    with pytest.raises(TypeError, match="hp_space must return a dict"):
+        trainer.hyperparameter_search(hp_space=lambda trial: [0.1], n_trials=1)
+    assert trainer.args is original and recorder.runs == []
 
     plain = Trainer(model=RegressionModel(), args=make_args(), eval_dataset=RegressionDataset())
     with pytest.raises(RuntimeError, match="model_init"):

@@ -184,3 +184,36 @@ def test_run_average_rates_overlay_the_matching_windowed_rate():
     loss_panel = dict(figures["plot_loss.png"])["loss"]
     assert set(loss_panel) == {"loss", "eval_loss"}
     assert [t for t, _ in figures["plot_eval_metrics.png"]] == ["eval_accuracy"]
+
+
+def test_plot_of_a_real_training_run(make_args):
+    import numpy as np
+    from conftest import RegressionDataset, RegressionModel
+
+    from trainwright.callbacks.speed_monitor import SpeedMonitor
+    from trainwright.trainer import Trainer
+
+    def mae(pred):
+        return {"mae": float(np.abs(pred.predictions - pred.label_ids).mean())}
+
+    args = make_args(max_steps=8, logging_steps=2, eval_strategy="steps", eval_steps=4)
+    trainer = Trainer(
+        model=RegressionModel(),
+        args=args,
+        train_dataset=RegressionDataset(),
+        eval_dataset=RegressionDataset(length=16, seed=1),
+        compute_metrics=mae,
+        callbacks=[SpeedMonitor()],
+    )
+    trainer.train()
+    trainer.save_state()
+    paths = plot_run(args.output_dir)
+    assert {os.path.basename(p) for p in paths} == {
+        "plot_loss.png",
+        "plot_eval_metrics.png",
+        "plot_learning_rate.png",
+        "plot_grad_norm.png",
+        "plot_throughput.png",
+    }
+    for p in paths:
+        _check_png(p)

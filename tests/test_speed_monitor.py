@@ -168,6 +168,7 @@ def test_optional_keys_need_tokens_flops_and_a_peak(clock, caplog):
 
     loop = Loop(single(gpu_flops_available=1e10), clock)
     loop.begin(0.0)
+    assert "MFU against 0.01 TFLOP/s (gpu_flops_available)" in caplog.text
     loop.step(1.0)
     loop.step(2.0)
     logs = loop.log(2.0)
@@ -375,3 +376,31 @@ def test_real_all_reduce_across_two_processes(tmp_path):
         assert logs["throughput/device/samples_per_sec"] == (16 + 8) / 2.0 / 2
         assert logs["throughput/flops_per_sec"] == (2e6 + 4e6) / 2.0
         assert "throughput/tokens_per_sec" not in logs
+
+
+@pytest.mark.parametrize(
+    "name, precision, expected",
+    [
+        ("NVIDIA H100 80GB HBM3", {"bf16": True}, 989.5e12),
+        ("NVIDIA H100 PCIe", {"fp16": True}, 756.5e12),
+        ("NVIDIA A100-SXM4-80GB", {}, 19.5e12),  # fp32 with TF32 off ("highest")
+        ("NVIDIA GH200 480GB", {"bf16": True}, None),  # unknown: no MFU, never a guess
+    ],
+)
+def test_peak_is_looked_up_from_the_cuda_device_and_training_dtype(
+    monkeypatch, caplog, name, precision, expected
+):
+    # No GPU here: only the device-name query is stood in for; the lookup itself is real.
+    caplog.set_level(logging.INFO, logger="trainwright.callbacks.speed_monitor")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        monitor = SpeedMonitor(runtime=Runtime(device=torch.device("cuda", 0)))
+        args = SimpleNamespace(**{"bf16": False, "fp16": False, **precision})
+        monitor.on_train_begin(args, TrainerState(), TrainerControl(), cursor=LoopCursor())
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert monitor.peak_flops == expected
+    assert repr(name) in caplog.text
+    assert ("MFU is off" in caplog.text) == (expected is None)

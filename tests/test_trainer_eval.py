@@ -162,3 +162,18 @@ def test_log_and_save_metrics_files(make_args, capsys):
     assert "train_loss" in merged and "eval_loss" in merged
     with open(os.path.join(folder, "trainer_state.json")) as f:
         assert json.load(f)["global_step"] == 3
+
+
+def test_interleave_shards_restores_dataset_order_and_trims_padding():
+    from trainwright.data import ResumableSampler
+    from trainwright.evaluation import interleave_shards
+    from trainwright.metrics import nested_truncate
+
+    n, world = 7, 3
+    samplers = [ResumableSampler(n, shuffle=False, num_replicas=world, rank=r) for r in range(world)]
+    assert samplers[0].num_padding == 2
+    shards = [np.array(list(s)) * 10 for s in samplers]  # "predictions" of each process
+    pairs = [(a, np.stack([a, a], 1)[:, : 1 + r]) for r, a in enumerate(shards)]  # nested, ragged widths
+    merged = nested_truncate(interleave_shards(pairs), n)
+    assert merged[0].tolist() == [i * 10 for i in range(n)]
+    assert merged[1].shape == (n, 2) and merged[1][0, 1] == -100 and merged[1][2, 1] == 20

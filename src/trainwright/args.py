@@ -19,7 +19,6 @@ import logging
 import math
 import numbers
 import os
-import re
 import signal
 import sys
 import warnings
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 
 from . import runtime as runtime_module
+from .checkpoint_io import parse_size
 from .enums import (
     FSDP_SHARDING_STRATEGIES,
     DebugOption,
@@ -57,7 +57,6 @@ __all__ = [
     "SchedulerType",
     "Seq2SeqTrainingArguments",
     "TrainingArguments",
-    "parse_byte_size",
 ]
 
 logger = logging.getLogger(__name__)
@@ -149,29 +148,6 @@ def _arg(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = N
 def _default_preemption_signals() -> list[str]:
     # SIGUSR1 does not exist on Windows.
     return [name for name in ("SIGTERM", "SIGUSR1") if hasattr(signal, name)]
-
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
-
-
-def parse_byte_size(value: int | str) -> int:
-    """Read a size such as 5GB (10**9 units), 5GiB (2**30 units), "500MB" or a plain byte count."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a size such as '5GB' or a number of bytes, got {value!r}")
-    if isinstance(value, int):
-        size = value
-    else:
-        match = _SIZE_RE.match(str(value))
-        if match is None:
-            raise ValueError(f"expected a size such as '5GB', '500MiB' or a number of bytes, got {value!r}")
-        number, prefix, binary, _ = match.groups()
-        power = "_kmgt".index(prefix.lower()) if prefix else 0
-        if binary and not prefix:
-            raise ValueError(f"expected a size such as '5GB', '500MiB' or a number of bytes, got {value!r}")
-        size = int(float(number) * ((1024 if binary else 1000) ** power))
-    if size <= 0:
-        raise ValueError(f"a size must be positive, got {value!r}")
-    return size
 
 
 def _jsonable(value: Any) -> Any:
@@ -902,7 +878,7 @@ class TrainingArguments:
         if self.use_cpu:
             self.dataloader_pin_memory = False
         try:
-            parse_byte_size(self.save_max_shard_size)
+            parse_size(self.save_max_shard_size)  # the parser the checkpoint writer uses
         except ValueError as e:
             raise self._invalid("save_max_shard_size", str(e)) from None
         self.preemption_signals = self._normalise_signals(self.preemption_signals)

@@ -126,9 +126,11 @@ def _weights_problems(path: str) -> list[str]:
     index = os.path.join(path, WEIGHTS_INDEX_NAME)
     if os.path.isfile(index):
         try:
-            weight_map = read_json(index).get("weight_map", {})
+            weight_map = read_json(index).get("weight_map")
         except (CheckpointError, AttributeError) as exc:
             return [f"{WEIGHTS_INDEX_NAME} is unreadable: {exc}"]
+        if not isinstance(weight_map, dict):
+            return [f"{WEIGHTS_INDEX_NAME} has no 'weight_map' object"]
         return [
             f"{f} is missing"
             for f in sorted(set(weight_map.values()))
@@ -410,11 +412,10 @@ def _commit(output_dir: str, tmp: str, final: str, name: str) -> None:
 
 
 def _failure(output_dir: str, name: str, exc: BaseException) -> str:
-    cause = (
-        f"{exc.strerror} ({exc.filename})"
-        if isinstance(exc, OSError) and exc.strerror
-        else f"{type(exc).__name__}: {exc}"
-    )
+    if isinstance(exc, OSError) and exc.strerror:
+        cause = exc.strerror + (f" ({exc.filename})" if exc.filename else "")
+    else:
+        cause = f"{type(exc).__name__}: {exc}"
     return f"could not write checkpoint {name!r} in {output_dir}: {cause}"
 
 

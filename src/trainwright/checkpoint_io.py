@@ -103,7 +103,9 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-_PENDING_FSYNC: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("pending_fsync", default=None)
+_PENDING_FSYNC: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "pending_fsync", default=None
+)
 
 
 @contextlib.contextmanager
@@ -486,7 +488,10 @@ def load_model_weights(
     loaded: dict[str, torch.Tensor] = {}
     if found.kind == "pt":
         for path in found.files:
-            loaded.update(safe_torch_load(path))
+            chunk = safe_torch_load(path)
+            if not isinstance(chunk, dict):
+                raise CheckpointError(f"{path} holds a {type(chunk).__name__}, expected a state dict")
+            loaded.update(chunk)
         shapes = {k: tuple(v.shape) for k, v in loaded.items()}
     else:
         shapes = {}
@@ -504,7 +509,7 @@ def load_model_weights(
         k for names in by_view.values() if any(n in present for n in names) for k in names if k not in present
     }
     missing = [k for k in own if k not in present and k not in tied_present]
-    unexpected = [k for k in present if k not in own]
+    unexpected = sorted(k for k in present if k not in own)
     if strict and (missing or unexpected):
         parts = []
         if missing:

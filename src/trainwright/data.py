@@ -81,7 +81,7 @@ class ResumableSampler(Sampler[int]):
     With ``num_replicas > 1`` it shards like ``DistributedSampler``: the epoch's order is padded
     (by repeating from its start) to a multiple of ``num_replicas`` unless ``drop_last`` (which
     cuts the tail instead), and rank ``r`` takes positions ``r::num_replicas``. Padded duplicates
-    are the last sample of the last ``num_padding`` ranks; :func:`interleave_shards` turns
+    are the last sample of the last ``num_padding`` ranks; :func:`trainwright.evaluation.interleave_shards` turns
     gathered per-rank results back into dataset order so they can be trimmed.
 
     ``set_start(k)``: the next iteration begins at this rank's ``k``-th sample of the epoch (no
@@ -317,22 +317,6 @@ class LengthGroupedSampler(ResumableSampler):
 
     def state_dict(self) -> dict[str, int | bool]:
         return {**super().state_dict(), "batch_size": self.batch_size}
-
-
-def interleave_shards(per_rank: Sequence[torch.Tensor], num_samples: int) -> torch.Tensor:
-    """Dataset-order results from the per-rank results of a sharded :class:`ResumableSampler`.
-
-    ``per_rank[r]`` holds rank ``r``'s outputs in its sampler order (whole shards, or the same
-    batch of every rank); position ``q`` of rank ``r`` is global position ``q * R + r``. The
-    result is cut to ``num_samples`` rows, which drops the padded duplicates.
-    """
-    if not per_rank:
-        raise ValueError("interleave_shards: per_rank is empty.")
-    sizes = {int(t.shape[0]) for t in per_rank}
-    if len(sizes) != 1:
-        raise ValueError(f"interleave_shards: every rank must hold as many rows, got sizes {sorted(sizes)}.")
-    stacked = torch.stack(list(per_rank), dim=1)  # (rows per rank, ranks, ...)
-    return stacked.reshape(-1, *stacked.shape[2:])[:num_samples]
 
 
 _STRATEGIES = ("random", "sequential", "group_by_length")
@@ -906,7 +890,6 @@ __all__ = [
     "default_data_collator",
     "forward_arg_names",
     "has_length",
-    "interleave_shards",
     "is_causal_lm",
     "is_iterable_dataset",
     "iterable_resume_state",

@@ -65,7 +65,7 @@ class EvalGatherer:
         local["losses"] = self._losses.get_arrays()
         if self.runtime.distributed:
             parts = self.runtime.all_gather_object(local)
-            merged = {key: _interleave([p[key] for p in parts]) for key in local}
+            merged = {key: interleave_shards([p[key] for p in parts]) for key in local}
             observed = sum(self.runtime.all_gather_object(self._samples))
         else:
             merged, observed = local, self._samples
@@ -79,15 +79,17 @@ class EvalGatherer:
         return EvalResult(merged["preds"], merged["labels"], merged["inputs"], losses, loss, n)
 
 
-def _interleave(per_rank: list[Any]) -> Any:
-    """Rows of process r at positions r, r + W, r + 2W, ... (the sampler's dealing order)."""
+def interleave_shards(per_rank: list[Any]) -> Any:
+    """Dataset order from per-process results (arrays, or nested tuples/lists/dicts of them):
+    row q of process r goes to position q * W + r, the evaluation sampler's dealing order.
+    Sequence dimensions are padded with -100 to the longest process's."""
     first = per_rank[0]
     if first is None:
         return None
     if isinstance(first, (list, tuple)):
-        return type(first)(_interleave([p[i] for p in per_rank]) for i in range(len(first)))
+        return type(first)(interleave_shards([p[i] for p in per_rank]) for i in range(len(first)))
     if isinstance(first, dict):
-        return {k: _interleave([p[k] for p in per_rank]) for k in first}
+        return {k: interleave_shards([p[k] for p in per_rank]) for k in first}
     arrays = [np.asarray(a) for a in per_rank]
     trailing = tuple(max(a.shape[d] for a in arrays) for d in range(1, arrays[0].ndim))
     arrays = [_pad_trailing(a, trailing) for a in arrays]

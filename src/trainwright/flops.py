@@ -13,7 +13,9 @@ What the automatic counter measures, and what it misses:
 
 * it counts matmuls, convolutions and attention kernels (2 FLOPs per multiply-add); elementwise
   ops, norms, softmax, embeddings and the optimizer are not counted (they are small);
-* attention is counted as full (non-causal) S x S, as if no mask were applied;
+* attention is counted as full (non-causal) S x S, as if no mask were applied; a fused attention
+  kernel's backward counts its recomputation of QK^T (7 matmul units per layer instead of the
+  6 of the usual analytic formula), while the unfused (math) path counts 6;
 * recomputation under activation checkpointing is counted, so the figure is closer to hardware
   FLOPs than to the model FLOPs of the MFU convention;
 * fused or custom kernels it has no formula for (flash-attn package, Triton/Liger kernels, ...)
@@ -209,6 +211,34 @@ _HOOK_TABLES = (
 )
 
 
+def _cpu_attention_formulas() -> dict[Any, Callable[..., int]]:
+    """FLOP formulas for the CPU flash-attention kernels, which torch's counter lacks.
+
+    Same convention as its CUDA attention formulas: forward = QK^T + PV, backward = recomputed
+    QK^T + 4 gradient matmuls, full S x S (no causal halving).
+    """
+    from torch.utils import flop_counter
+
+    forward_op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    backward_op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    count_fwd = getattr(flop_counter, "sdpa_flop_count", None)
+    count_bwd = getattr(flop_counter, "sdpa_backward_flop_count", None)
+    formulas: dict[Any, Callable[..., int]] = {}
+    if forward_op is not None and count_fwd is not None:
+
+        def forward(query, key, value, *args, out_shape=None, **kwargs) -> int:
+            return count_fwd(query, key, value)
+
+        formulas[forward_op] = forward
+    if backward_op is not None and count_bwd is not None:
+
+        def backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+            return count_bwd(grad_out, query, key, value)
+
+        formulas[backward_op] = backward
+    return formulas
+
+
 def _default_loss(outputs: Any) -> torch.Tensor:
     """The model's loss if it returned one, else the sum of its logits / first output tensor."""
     if isinstance(outputs, torch.Tensor):
@@ -286,7 +316,8 @@ class _FakeStepCounter:
         mode = self._mode
         fake_batch = pytree.tree_map_only(torch.Tensor, mode.from_tensor, dict(batch))
         try:
-            with mode, FlopCounterMode(display=False) as counter, torch.enable_grad():
+            counter = FlopCounterMode(display=False, custom_mapping=_cpu_attention_formulas())
+            with mode, counter, torch.enable_grad():
                 outputs = self._copy(**fake_batch)
                 loss = loss_fn(outputs, fake_batch) if loss_fn is not None else _default_loss(outputs)
                 if loss.requires_grad:
@@ -307,7 +338,8 @@ def count_flops(
 
     The loss is `loss_fn(outputs, batch)` if given, else the model's `loss` output, else the sum
     of its logits. Nothing runs on real data, the real model is untouched (its hooks do not
-    fire), and no parameter memory is allocated. Returns None when the model cannot run on
+    fire), and no parameter or buffer memory is allocated (the modules' other Python attributes
+    are deep-copied). Returns None when the model cannot run on
     fake tensors (e.g. it reads tensor values with `.item()` or calls a kernel with no fake
     implementation). See the module docstring for what the count includes.
     """
@@ -318,7 +350,7 @@ def count_flops(
         return None
 
 
-def _non_embedding_parameters(model: torch.nn.Module) -> int:
+def non_embedding_parameters(model: torch.nn.Module) -> int:
     embedding = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
     seen: set[int] = set()
     total = 0
@@ -350,7 +382,7 @@ def estimate_6n_flops(model: torch.nn.Module, batch: Mapping[str, Any]) -> int:
         if first is None:
             raise ValueError(f"estimate_6n_flops: the batch has no tensor (keys: {sorted(batch)})")
         tokens = first.shape[0] if first.dim() else 1
-    return 6 * _non_embedding_parameters(model) * tokens
+    return 6 * non_embedding_parameters(model) * tokens
 
 
 def _signature(value: Any) -> Any:
@@ -384,22 +416,25 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
 class FlopsEstimator:
     """FLOPs of one training step (forward + backward) on a batch, from the best source available.
 
-    ``estimator.per_batch(model, batch)`` for each batch. Sources, in order: the model's
+    ``flops = estimator(batch)`` for each batch. Sources, in order: the model's
     ``flops_per_batch(batch)``, the model's ``floating_point_ops(batch)``, the automatic counter
     (cached per batch keys/shapes/dtypes; at most `max_counted_shapes` distinct shapes are
     counted, later new shapes use the 6N estimate), then the 6N estimate. `source` names the
-    one used for the latest batch; the first use of each source is logged. Wrappers (DDP,
-    DataParallel, torch.compile) are looked through; a different model resets the cache.
+    one used for the latest batch; the first use of each source is logged. `model` is the
+    object given; wrappers (DDP, DataParallel, torch.compile) are looked through.
     """
 
     SOURCES = ("model.flops_per_batch", "model.floating_point_ops", "flop_counter", "6N")
 
     def __init__(
         self,
+        model: torch.nn.Module,
         *,
         loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
         max_counted_shapes: int = 64,
     ) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"FlopsEstimator: model must be a torch.nn.Module, got {type(model).__name__}")
         if (
             isinstance(max_counted_shapes, bool)
             or not isinstance(max_counted_shapes, int)
@@ -408,43 +443,32 @@ class FlopsEstimator:
             raise ValueError(
                 f"FlopsEstimator: max_counted_shapes must be an int >= 0, got {max_counted_shapes!r}"
             )
+        module = _unwrap(model)
+        for name in ("flops_per_batch", "floating_point_ops"):
+            attr = getattr(module, name, None)
+            if attr is not None and not callable(attr):
+                raise TypeError(
+                    f"FlopsEstimator: {type(module).__name__}.{name} must be a method taking the batch, "
+                    f"got {type(attr).__name__}"
+                )
+        self.model = model
+        self.module = module  # what is counted
         self.loss_fn = loss_fn
         self.max_counted_shapes = max_counted_shapes
-        self.model: torch.nn.Module | None = None  # the unwrapped model being estimated
         self.source: str | None = None
-        self._given: Any = None  # the object passed in, for a cheap identity check per batch
         self._cache: dict[Any, int] = {}
-        self._counter: _FakeStepCounter | None = None
+        self._counter = _FakeStepCounter(module)
         self._counter_failed = False
         self._cap_warned = False
         self._logged_sources: set[str] = set()
 
-    def _bind(self, given: torch.nn.Module) -> None:
-        if not isinstance(given, torch.nn.Module):
-            raise TypeError(f"FlopsEstimator: model must be a torch.nn.Module, got {type(given).__name__}")
-        model = _unwrap(given)
-        for name in ("flops_per_batch", "floating_point_ops"):
-            attr = getattr(model, name, None)
-            if attr is not None and not callable(attr):
-                raise TypeError(
-                    f"FlopsEstimator: {type(model).__name__}.{name} must be a method taking the batch, "
-                    f"got {type(attr).__name__}"
-                )
-        self._given, self.model = given, model
-        self._cache = {}
-        self._counter = _FakeStepCounter(model)
-        self._counter_failed = False
-        self._cap_warned = False
-
-    def per_batch(self, model: torch.nn.Module, batch: Mapping[str, Any]) -> float:
-        """FLOPs of one forward + backward of `model` on `batch`."""
-        if model is not self._given:
-            self._bind(model)
-        model = self.model
-        method = getattr(model, "flops_per_batch", None)
+    def __call__(self, batch: Mapping[str, Any]) -> float:
+        """FLOPs of one forward + backward of the model on `batch`."""
+        module = self.module
+        method = getattr(module, "flops_per_batch", None)
         if method is not None:
             return self._use("model.flops_per_batch", float(method(batch)))
-        method = getattr(model, "floating_point_ops", None)
+        method = getattr(module, "floating_point_ops", None)
         if method is not None:
             return self._use("model.floating_point_ops", float(method(batch)))
         if not self._counter_failed:
@@ -463,17 +487,16 @@ class FlopsEstimator:
                 )
             if flops is not None:
                 return self._use("flop_counter", float(flops))
-        return self._use("6N", float(estimate_6n_flops(model, batch)))
+        return self._use("6N", float(estimate_6n_flops(module, batch)))
 
     def _count(self, batch: Mapping[str, Any]) -> int | None:
-        assert self._counter is not None
         try:
             return self._counter.count(batch, self.loss_fn)
         except Exception as exc:  # the model cannot run on fake tensors: stop trying
             self._counter_failed = True
             logger.warning(
                 "FLOP counting failed for %s (%s: %s); using the 6N estimate instead",
-                type(self.model).__name__,
+                type(self.module).__name__,
                 type(exc).__name__,
                 exc,
             )
@@ -483,5 +506,5 @@ class FlopsEstimator:
         self.source = source
         if source not in self._logged_sources:
             self._logged_sources.add(source)
-            logger.info("FLOPs per batch from %s (%s)", source, type(self.model).__name__)
+            logger.info("FLOPs per batch from %s (%s)", source, type(self.module).__name__)
         return flops

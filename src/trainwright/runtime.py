@@ -155,6 +155,13 @@ class Runtime:
             return None
         return torch.amp.GradScaler(self.device.type)
 
+    def set_tf32(self, enabled: bool | None) -> None:
+        """Allow (or forbid) TF32 matmuls and convolutions; None leaves torch's setting."""
+        if enabled is None:
+            return
+        torch.backends.cuda.matmul.allow_tf32 = bool(enabled)
+        torch.backends.cudnn.allow_tf32 = bool(enabled)
+
     def bf16_supported(self) -> bool:
         if self.device.type == "cuda":
             return torch.cuda.is_bf16_supported()

@@ -82,6 +82,11 @@ class TrainerState:
         self.num_train_epochs = num_train_epochs
         self.is_local_process_zero = trainer.is_local_process_zero()
         self.is_world_process_zero = trainer.is_world_process_zero()
+        if trial is not None and getattr(trainer, "hp_search_backend", None) is not None:
+            from .hpo import trial_params, trial_run_name
+
+            self.trial_name = trial_run_name(trainer, trial)
+            self.trial_params = trial_params(trial)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from .args import TrainingArguments
 from .callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCallback
 from .evaluation import EvalGatherer
 from .events import CallbackHandler, TrainerCallback
-from .flops import FlopsEstimator
+from .flops import FlopsEstimator, non_embedding_parameters
 from .loss import LabelSmoother, batch_size, items_in_batch, label_shift_for, model_accepts_loss_kwargs
 from .memory import TrainerMemoryTracker
 from .metrics import (
@@ -95,6 +95,7 @@ class Trainer:
             enable_full_determinism(args.seed)
         else:
             set_seed(args.seed)
+        self.runtime.set_tf32(args.tf32)
         self._memory_tracker = TrainerMemoryTracker(args.skip_memory_metrics, self.runtime.device)
         self._memory_tracker.start("init")
 
@@ -373,6 +374,7 @@ class Trainer:
             return self._inner_training_loop(resume_path, trial, ignore_keys_for_eval)
         finally:
             self.is_in_train = False
+            self._memory_tracker.stop("train")  # no-op when already stopped by a finished run
 
     def _plan(self, dataloader: Any) -> tuple[int, int, int]:
         """(micro-batches per epoch or 0, max_steps, num_train_epochs) for this run."""
@@ -406,7 +408,7 @@ class Trainer:
         self.state.init_training_references(self, max_steps, num_train_epochs, trial)
         self.cursor = LoopCursor(steps_in_epoch=steps_in_epoch)
 
-        if args.gradient_checkpointing or getattr(args, "activation_checkpointing", False):
+        if args.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
         self.create_optimizer()
         self.model_wrapped = runtime.wrap_model(self.model, args)
@@ -428,6 +430,7 @@ class Trainer:
         self._grad_norm: torch.Tensor | float | None = None
         self._last_lr: float | None = None
         self._log_flops_and_tokens = self._wants_flops()
+        self._flops_per_token = 6 * non_embedding_parameters(self.model)
         logger.info(
             "***** Running training *****  examples/epoch=%s  epochs=%s  batch/device=%s  accumulation=%s  "
             "processes=%s  optimizer steps=%s  trainable parameters=%s",
@@ -537,10 +540,13 @@ class Trainer:
         cursor.batch_in_epoch += 1
         cursor.samples_in_epoch += n
         cursor.samples_seen += n
+        ids = inputs.get("input_ids") if isinstance(inputs, dict) else None
+        tokens = ids.numel() if isinstance(ids, torch.Tensor) else 0
+        cursor.tokens_seen += tokens
         if self._log_flops_and_tokens:
-            ids = inputs.get("input_ids") if isinstance(inputs, dict) else None
-            cursor.tokens_seen += ids.numel() if isinstance(ids, torch.Tensor) else 0
             cursor.flops_seen += self.floating_point_ops(inputs)
+        else:  # upstream's total_flos estimate: 6 x non-embedding parameters x tokens
+            cursor.flops_seen += self._flops_per_token * (tokens or n)
         mode = self.args.include_num_input_tokens_seen
         if mode != "no" and isinstance(inputs, dict):
             mask = inputs.get("attention_mask")

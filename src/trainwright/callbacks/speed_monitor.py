@@ -147,10 +147,14 @@ class SpeedMonitor(TrainerCallback):
         self._eval_at_train_start = self.total_eval_time
         if self._runtime is None:
             self._runtime = get_runtime()
-        self.peak_flops = self.gpu_flops_available or self._lookup_peak(args)
+        if self.gpu_flops_available:
+            self.peak_flops = self.gpu_flops_available
+            logger.info("SpeedMonitor: MFU against %g TFLOP/s (gpu_flops_available)", self.peak_flops / 1e12)
+        else:
+            self.peak_flops = self._lookup_peak(args)
 
     def _lookup_peak(self, args: Any) -> float | None:
-        device = self._runtime.device if self._runtime is not None else torch.device("cpu")
+        device = self._runtime.device
         if device.type != "cuda":
             logger.info(
                 "SpeedMonitor: no MFU on %s (pass gpu_flops_available=<peak FLOP/s> to enable it)",
@@ -175,7 +179,7 @@ class SpeedMonitor(TrainerCallback):
         else:
             tf32 = " (TF32 allowed)" if dtype == torch.float32 and flops.tf32_enabled() else ""
             logger.info(
-                "SpeedMonitor: MFU against %.1f TFLOP/s, the dense peak of %r in %s%s",
+                "SpeedMonitor: MFU against %g TFLOP/s, the dense peak of %r in %s%s",
                 peak / 1e12,
                 name,
                 dtype,

@@ -28,7 +28,7 @@ class ClearMLCallback(Reporter):
     The task: `Task.current_task()` if there is one (left open), else `Task.init(project_name=
     CLEARML_PROJECT or "HuggingFace Transformers", task_name=CLEARML_TASK or "Trainer")` with
     framework auto-logging off, closed at the end of training. Offline: `CLEARML_OFFLINE_MODE=1`
-    (read by clearml; the session is written under its cache folder). Hyperparameters:
+    (the session is written under clearml's cache folder, `CLEARML_CACHE_DIR`). Hyperparameters:
     `args.to_sanitized_dict()` in section "Args", the model config as configuration "Model
     Configuration". Scalars: title train/eval/test (or the part before "/"), series the rest, at
     `state.global_step`; the end-of-training summary as single values; strings as text.
@@ -42,6 +42,7 @@ class ClearMLCallback(Reporter):
     def __init__(self) -> None:
         super().__init__()
         self.log_model = env_flag("CLEARML_LOG_MODEL")
+        self.offline = env_flag("CLEARML_OFFLINE_MODE")
         self.project = os.environ.get("CLEARML_PROJECT") or "HuggingFace Transformers"
         self.task_name = os.environ.get("CLEARML_TASK") or "Trainer"
         self.task: Any = None
@@ -61,6 +62,9 @@ class ClearMLCallback(Reporter):
     def _setup(self, args: Any, state: Any, model: Any) -> None:
         from clearml import Task
 
+        if self.offline and not Task.is_offline():
+            # clearml reads CLEARML_OFFLINE_MODE once, when it is first imported
+            Task.set_offline(offline_mode=True)
         current = Task.current_task()
         if current is not None:
             self.task, self._own_task = current, False
@@ -109,10 +113,22 @@ class ClearMLCallback(Reporter):
             return
         from clearml import OutputModel
 
-        output_model = OutputModel(task=self.task, name=os.path.basename(checkpoint), framework="PyTorch")
-        output_model.update_weights_package(
-            weights_path=checkpoint, auto_delete_file=False, iteration=state.global_step
-        )
+        try:
+            output_model = OutputModel(task=self.task, name=os.path.basename(checkpoint), framework="PyTorch")
+            output_model.update_weights_package(
+                weights_path=checkpoint, auto_delete_file=False, iteration=state.global_step
+            )
+        except Exception as exc:
+            # Model registration is an extra (clearml 2.1 cannot do it in offline mode at all):
+            # losing it must not cost the metrics, so only checkpoint logging is turned off.
+            self.log_model = False
+            logger.warning(
+                "ClearML: could not register %s as an output model (%s: %s); checkpoints will not be "
+                "logged for the rest of this run, metrics still are",
+                os.path.basename(checkpoint),
+                type(exc).__name__,
+                exc,
+            )
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.task is None:

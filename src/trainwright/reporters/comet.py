@@ -75,8 +75,8 @@ class CometCallback(Reporter):
     def _setup(self, args: Any, state: Any, model: Any) -> None:
         import comet_ml
 
-        running = comet_ml.get_running_experiment()
-        if running is not None and not state.is_hyper_param_search:
+        running = comet_ml.get_running_experiment()  # still returned after it ended
+        if running is not None and not getattr(running, "ended", False) and not state.is_hyper_param_search:
             self.experiment, self._own_experiment = running, False
         else:
             self.experiment = comet_ml.start(
