@@ -66,7 +66,9 @@ def test_offline_task_hyperparameters_scalars_and_single_values(offline, tmp_pat
     assert task["project_name"] == "tiny-project" and task["name"] == "Trainer"
     assert task["hyperparams"]["Args"]["learning_rate"]["value"] == "0.0003"
     scalars = sorted(
-        (e["metric"], e["variant"], e["iter"], e["value"]) for e in events if e["type"] == "training_stats_scalar"
+        (e["metric"], e["variant"], e["iter"], e["value"])
+        for e in events
+        if e["type"] == "training_stats_scalar"
     )
     assert ("train", "loss", 2, 1.5) in scalars and ("eval", "loss", 4, 1.25) in scalars
     assert ("throughput", "samples_per_sec", 4, 64.0) in scalars

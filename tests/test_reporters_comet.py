@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import logging
 import zipfile
@@ -10,9 +11,11 @@ import zipfile
 import pytest
 from reporter_testkit import TinyModel, drive, make_args
 
-comet_ml = pytest.importorskip("comet_ml")
+from trainwright.reporters.comet import CometCallback
 
-from trainwright.reporters.comet import CometCallback  # noqa: E402
+if importlib.util.find_spec("comet_ml") is None:
+    pytest.skip("comet_ml is not installed", allow_module_level=True)
+comet_ml = None  # imported by the fixture, after COMET_DISABLE_AUTO_LOGGING is set
 
 LOGS = [
     (2, {"loss": 1.5, "learning_rate": 0.1}),
@@ -31,6 +34,12 @@ def offline(monkeypatch, tmp_path):
         monkeypatch.setenv(f"COMET_AUTO_LOG_{name}", "false")
     monkeypatch.setenv("COMET_DISPLAY_SUMMARY_LEVEL", "0")
     monkeypatch.setenv("COMET_ERROR_TRACKING_ENABLE", "false")  # no error reports over the network
+    # Importing comet_ml otherwise patches other libraries process-wide (it slows MLflow's runs
+    # down for every later test); the setting is read once, at import.
+    monkeypatch.setenv("COMET_DISABLE_AUTO_LOGGING", "1")
+    global comet_ml
+    import comet_ml
+
     yield monkeypatch
     running = comet_ml.get_running_experiment()
     if running is not None and not running.ended:
@@ -46,7 +55,12 @@ def end_and_read(tmp_path) -> list[dict]:
 
 def test_offline_experiment_params_metrics_and_name(offline, tmp_path):
     offline.setenv("COMET_LOG_ASSETS", "false")
-    drive(CometCallback(), make_args(tmp_path / "out", run_name="comet-run", learning_rate=3e-4), LOGS, model=TinyModel())
+    drive(
+        CometCallback(),
+        make_args(tmp_path / "out", run_name="comet-run", learning_rate=3e-4),
+        LOGS,
+        model=TinyModel(),
+    )
     messages = end_and_read(tmp_path)
     others = {m["payload"]["key"]: m["payload"]["value"] for m in messages if m["type"] == "log_other"}
     assert others["Name"] == "comet-run"

@@ -34,7 +34,14 @@ def test_jsonl_one_row_per_log_with_step_and_epoch(tmp_path):
     rows = read_jsonl(tmp_path / "logs.jsonl")
     assert rows[0] == {"step": 1, "epoch": 0.1, "loss": 1.5, "learning_rate": 0.25}
     assert rows[1]["step"] == 2 and math.isnan(rows[1]["grad_norm"])
-    assert rows[2] == {"step": 2, "epoch": 0.2, "eval_loss": 2.0, "eval_runtime": 0.1, "note": "ok", "shape": [2, 3]}
+    assert rows[2] == {
+        "step": 2,
+        "epoch": 0.2,
+        "eval_loss": 2.0,
+        "eval_runtime": 0.1,
+        "note": "ok",
+        "shape": [2, 3],
+    }
 
 
 def test_jsonl_resume_drops_rows_after_the_checkpoint_and_appends(tmp_path):
@@ -96,7 +103,12 @@ def test_csv_header_grows_and_file_stays_valid(tmp_path):
 def test_csv_resume_keeps_header_and_rows_up_to_checkpoint(tmp_path):
     args = make_args(tmp_path)
     drive(CsvCallback(), args, [(1, {"loss": 1.0}), (2, {"eval_loss": 2.0}), (3, {"loss": 0.5})])
-    drive(CsvCallback(), args, [(3, {"loss": 0.4}), (4, {"loss": 0.3, "extra": 1})], state=make_state(global_step=2))
+    drive(
+        CsvCallback(),
+        args,
+        [(3, {"loss": 0.4}), (4, {"loss": 0.3, "extra": 1})],
+        state=make_state(global_step=2),
+    )
     header, rows = read_csv(tmp_path / "logs.csv")
     assert header == ["step", "epoch", "loss", "eval_loss", "extra"]
     assert [(r["step"], r["loss"], r["eval_loss"], r["extra"]) for r in rows] == [

@@ -53,7 +53,9 @@ def series(ops, path) -> list[tuple[int, float]]:
 
 def test_offline_run_parameters_and_metric_series(offline, tmp_path):
     reporter = NeptuneCallback(**QUIET)
-    drive(reporter, make_args(tmp_path / "out", run_name="nep-run", learning_rate=3e-4), LOGS, model=TinyModel())
+    drive(
+        reporter, make_args(tmp_path / "out", run_name="nep-run", learning_rate=3e-4), LOGS, model=TinyModel()
+    )
     assert reporter.run is None  # stopped at the end of training
     ops = operations(tmp_path)
     assigned = {"/".join(op["path"]): op.get("value") for op in ops if op["type"].startswith("Assign")}
@@ -70,7 +72,10 @@ def test_checkpoint_upload_modes(offline, tmp_path):
     ops = operations(tmp_path)
     uploads = [("/".join(op["path"]), op["file_globs"]) for op in ops if op["type"] == "UploadFileSet"]
     checkpoint_uploads = [u for u in uploads if u[0].startswith("ft/checkpoints")]
-    assert [u[0] for u in checkpoint_uploads] == ["ft/checkpoints/checkpoint-2", "ft/checkpoints/checkpoint-4"]
+    assert [u[0] for u in checkpoint_uploads] == [
+        "ft/checkpoints/checkpoint-2",
+        "ft/checkpoints/checkpoint-4",
+    ]
     assert checkpoint_uploads[1][1] == [str(tmp_path / "out" / "checkpoint-4" / "*")]
     deleted = ["/".join(op["path"]) for op in ops if op["type"] == "DeleteAttribute"]
     assert deleted == ["ft/checkpoints/checkpoint-2"]  # "last" keeps only the newest

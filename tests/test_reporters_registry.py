@@ -195,9 +195,15 @@ def test_failing_reporter_warns_once_disables_itself_and_training_continues(tmp_
     drive([flaky, other], args, [(1, {"loss": 1.0}), (2, {"loss": 0.9}), (3, {"loss": 0.8})])
     assert flaky.logged == [1] and flaky.disabled and flaky.closed == 1
     assert not flaky.ended  # disabled: later events are not run
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "flaky" in r.getMessage()]
+    warnings = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "flaky" in r.getMessage()
+    ]
     assert len(warnings) == 1
-    assert "on_log" in warnings[0] and "No space left on device" in warnings[0] and "training continues" in warnings[0]
+    assert (
+        "on_log" in warnings[0]
+        and "No space left on device" in warnings[0]
+        and "training continues" in warnings[0]
+    )
     assert len((tmp_path / "logs.jsonl").read_text().splitlines()) == 3  # the other reporter went on
 
 

@@ -36,7 +36,15 @@ def text(acc, tag) -> str:
 LOGS = [
     (2, {"loss": 1.5, "learning_rate": 0.1, "epoch": 0.2}),
     (4, {"loss": 1.0, "learning_rate": 0.05, "throughput/samples_per_sec": 128.0}),
-    (4, {"eval_loss": 1.25, "eval_runtime": 0.5, "eval_note": "looks fine", "eval_confusion": [[1, 0], [0, 1]]}),
+    (
+        4,
+        {
+            "eval_loss": 1.25,
+            "eval_runtime": 0.5,
+            "eval_note": "looks fine",
+            "eval_confusion": [[1, 0], [0, 1]],
+        },
+    ),
 ]
 
 
@@ -60,7 +68,9 @@ def test_scalars_text_args_and_config_are_written(tmp_path, monkeypatch, caplog)
     # hparams are in the run's own event file (no extra subfolder)
     meta = acc.SummaryMetadata("_hparams_/session_start_info")
     assert meta.plugin_data.plugin_name == "hparams"
-    hparams = plugin_data_pb2.HParamsPluginData.FromString(meta.plugin_data.content).session_start_info.hparams
+    hparams = plugin_data_pb2.HParamsPluginData.FromString(
+        meta.plugin_data.content
+    ).session_start_info.hparams
     assert hparams["learning_rate"].number_value == pytest.approx(3e-4)
     assert hparams["run_name"].string_value == "run-1"
     assert [p.name for p in (tmp_path / "tb").iterdir() if p.is_dir()] == []

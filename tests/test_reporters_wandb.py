@@ -88,7 +88,9 @@ LOGS = [
 def test_offline_run_config_history_and_summary(offline, tmp_path):
     offline.setenv("WANDB_PROJECT", "tiny-project")
     reporter = WandbCallback()
-    drive(reporter, make_args(tmp_path / "out", run_name="wb-run", learning_rate=3e-4), LOGS, model=TinyModel())
+    drive(
+        reporter, make_args(tmp_path / "out", run_name="wb-run", learning_rate=3e-4), LOGS, model=TinyModel()
+    )
     assert wandb.run is not None  # left open after training, as transformers does
     finish_and_flush()
 

@@ -33,6 +33,7 @@ class Runtime:
     local_world_size: int = 1
     backend: str | None = None
     _owns_group: bool = field(default=False, repr=False)
+    _cpu_group: Any = field(default=None, repr=False)
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -65,6 +66,17 @@ class Runtime:
         if op == "mean":
             tensor /= self.world_size
         return tensor
+
+    def any_process(self, flag: bool) -> bool:
+        """True on every process if `flag` is True on any; a CPU (gloo) collective, so it never
+        waits for the accelerator."""
+        if not self.distributed:
+            return flag
+        if self._cpu_group is None:
+            self._cpu_group = dist.new_group(backend="gloo") if self.backend != "gloo" else dist.group.WORLD
+        box = torch.tensor([int(flag)])
+        dist.all_reduce(box, op=dist.ReduceOp.MAX, group=self._cpu_group)
+        return bool(box.item())
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Gather a tensor from every process; shapes may differ in the first dimension."""

@@ -43,6 +43,7 @@ from .metrics import metrics_format as _metrics_format
 from .metrics import save_metrics as _save_metrics
 from .optim import create_optimizer as _create_optimizer
 from .optim import decay_param_groups
+from .preemption import PreemptionGuard
 from .reporters import get_reporting_integration_callbacks
 from .runtime import get_runtime
 from .schedules import get_learning_rates, get_scheduler
@@ -371,7 +372,12 @@ class Trainer:
             )
         resume_path = training_checkpoint.resolve_resume_path(self, resume_from_checkpoint)
         try:
-            return self._inner_training_loop(resume_path, trial, ignore_keys_for_eval)
+            with PreemptionGuard(args.preemption_signals) as self._preemption:
+                output = self._inner_training_loop(resume_path, trial, ignore_keys_for_eval)
+            if self._preemption.requested is not None:
+                logger.warning("Preempted by %s: checkpoint written, exiting.", self._preemption.requested.name)
+                raise SystemExit(0)
+            return output
         finally:
             self.is_in_train = False
             self._memory_tracker.stop("train")  # no-op when already stopped by a finished run
@@ -492,6 +498,8 @@ class Trainer:
             cursor.steps_since_log += 1
             self._sync_state()
             self.control = handler.on_step_end(args, self.state, self.control)
+            if self._preempted():
+                self.control.should_save = self.control.should_training_stop = True
             self._maybe_log_save_evaluate(trial, ignore_keys_for_eval)
             if self.control.should_epoch_stop or self.control.should_training_stop:
                 break
@@ -522,6 +530,11 @@ class Trainer:
         skip = 0 if self._iterable_restored else self.cursor.batch_in_epoch
         self._iterable_restored = False
         return data_utils.skip_iterable(dataloader, skip) if skip else iter(dataloader)
+
+    def _preempted(self) -> bool:
+        guard = self._preemption
+        requested = guard is not None and guard.requested is not None
+        return self.runtime.any_process(requested) if self.runtime.distributed else requested
 
     def _items_in_step(self, micro_batches: list) -> torch.Tensor | None:
         """Items (label targets, else samples) in this optimizer step over every process; None when
@@ -666,6 +679,7 @@ class Trainer:
         return (loss, outputs) if return_outputs else loss
 
     _passes_num_items = False
+    _preemption: PreemptionGuard | None = None
     _iterable_restored = False
 
     # ------------------------------------------------------------------ log / evaluate / save

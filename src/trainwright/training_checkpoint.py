@@ -218,8 +218,8 @@ def restore(trainer: Trainer, path: str, train_dataloader: Any) -> None:
     if data_state is not None and "dataset_state" in data_state and hasattr(dataset, "load_state_dict"):
         dataset.load_state_dict(data_state["dataset_state"])
         trainer._iterable_restored = True
-    if not args.save_only_model and not ckpt.load_rng_state(path, runtime.rank, runtime.world_size):
-        logger.info("No RNG state for process %d in %s: reproducibility is not guaranteed.", runtime.rank, path)
+    if not args.save_only_model:
+        ckpt.load_rng_state(path, runtime.rank, runtime.world_size)  # warns itself when it can't
     logger.info("Resumed from %s at step %d (epoch %d, batch %d of it).", path, cursor.steps_applied,
                 cursor.epoch, cursor.batch_in_epoch)
 

@@ -1,0 +1,48 @@
+"""Save-and-stop on preemption signals (SIGTERM, SIGUSR1 by default: `preemption_signals`).
+
+The handler only records the request; the Trainer acts on it at the end of the current optimizer
+step: it writes a checkpoint, fires on_train_end and exits with status 0. A second signal while
+that checkpoint is being written is recorded and ignored, so it cannot interrupt the save (and
+the save is atomic anyway). Handlers are installed for the duration of `train()` only, and only
+from the main thread (Python delivers signals there).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class PreemptionGuard:
+    """Context manager recording the first of `signal_names` received (`requested`)."""
+
+    def __init__(self, signal_names: list[str] | None):
+        self.signals = [signal.Signals[name] for name in (signal_names or [])]
+        self.requested: signal.Signals | None = None
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        sig = signal.Signals(signum)
+        if self.requested is None:
+            self.requested = sig
+            logger.warning("Received %s: saving a checkpoint at the end of this step, then stopping.", sig.name)
+        else:
+            logger.warning("Received %s again: already saving and stopping.", sig.name)
+
+    def __enter__(self) -> PreemptionGuard:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.signals:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        elif self.signals:
+            logger.info("Not in the main thread: preemption signals are not handled.")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()

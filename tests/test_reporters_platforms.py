@@ -1,0 +1,97 @@
+"""Reporters tied to a platform: DagsHub (MLflow on DagsHub), Azure ML and Flyte.
+
+azureml-core and flytekit are not installed here (they would downgrade packages that others need),
+so only what does not need them is exercised: the install hints, "all" leaving them out, and the
+Flyte log-history table. DagsHub is installed; with no network its tracking server is unreachable,
+which is exactly the "service down" case."""
+
+from __future__ import annotations
+
+import logging
+from html.parser import HTMLParser
+
+import pytest
+from reporter_testkit import TinyModel, drive, make_args
+
+from trainwright.reporters import MissingReporterPackageError, get_reporter_class
+from trainwright.reporters.dagshub import DagsHubCallback, parse_dagshub_uri
+from trainwright.reporters.flyte import log_history_html
+
+
+def test_azure_and_flyte_need_their_packages_and_a_platform(monkeypatch):
+    for name, pip_name, env in (
+        ("azure_ml", "azureml-core", "AZUREML_RUN_ID"),
+        ("flyte", "flytekit", "FLYTE_INTERNAL_EXECUTION_ID"),
+    ):
+        cls = get_reporter_class(name)
+        if not cls.missing_packages():
+            pytest.skip(f"{pip_name} is installed here")
+        with pytest.raises(MissingReporterPackageError, match=f"pip install {pip_name}"):
+            cls()
+        monkeypatch.delenv(env, raising=False)
+        assert env in cls.skip_reason()
+        monkeypatch.setenv(env, "abc")
+        assert cls.skip_reason() is None
+
+
+class _Table(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[list[str]] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "tr":
+            self.rows.append([])
+
+    def handle_data(self, data):
+        if self.rows:
+            self.rows[-1].append(data)
+
+
+def test_flyte_log_history_table():
+    history = [{"loss": 1.5, "step": 2}, {"eval_loss": 1.25, "step": 2}, {"note": "<b>&", "step": 4}]
+    parser = _Table()
+    parser.feed(log_history_html(history))
+    header, *rows = parser.rows
+    assert header == ["loss", "step", "eval_loss", "note"]
+    assert rows == [["1.5", "2"], ["2", "1.25"], ["4", "<b>&"]]  # empty cells carry no data
+    assert "<b>" not in log_history_html(history).replace("<tbody>", "")
+
+
+def test_dagshub_needs_a_dagshub_tracking_uri(monkeypatch):
+    pytest.importorskip("dagshub")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with pytest.raises(ValueError, match="needs the environment variable MLFLOW_TRACKING_URI"):
+        DagsHubCallback()
+    assert "DagsHub" in DagsHubCallback.skip_reason()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://localhost:5000")
+    with pytest.raises(ValueError, match="expects https://dagshub.com/<owner>/<repo>.mlflow"):
+        DagsHubCallback()
+    assert parse_dagshub_uri("https://dagshub.com/alice/tiny-repo.mlflow") == ("alice", "tiny-repo")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://dagshub.com/alice/tiny-repo.mlflow")
+    assert DagsHubCallback.skip_reason() is None
+
+
+def test_dagshub_unreachable_disables_itself_and_training_continues(monkeypatch, tmp_path, caplog):
+    pytest.importorskip("dagshub")
+    mlflow = pytest.importorskip("mlflow")
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    monkeypatch.setattr(tracking_utils, "_tracking_uri", None)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://dagshub.invalid/alice/tiny-repo.mlflow")
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "alice")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "not-a-token")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    monkeypatch.setenv("HF_DAGSHUB_LOG_ARTIFACTS", "true")
+    caplog.set_level(logging.WARNING)
+    reporter = DagsHubCallback()
+    assert (reporter.repo_owner, reporter.repo_name, reporter.upload_artifacts) == (
+        "alice",
+        "tiny-repo",
+        True,
+    )
+    state = drive(reporter, make_args(tmp_path), [(1, {"loss": 1.0}), (2, {"loss": 0.5})], model=TinyModel())
+    assert reporter.disabled and state.global_step == 2 and mlflow.active_run() is None
+    messages = [r.getMessage() for r in caplog.records if "dagshub reporter is disabled" in r.getMessage()]
+    assert len(messages) == 1 and "on_train_begin" in messages[0]
