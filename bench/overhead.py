@@ -93,7 +93,9 @@ def raw_loop(model, data, steps, batch_size):
     torch.manual_seed(42)
     opt = make_optimizer(model)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / steps))
-    loader = DataLoader(data, batch_size=batch_size, sampler=RandomSampler(data, generator=torch.Generator().manual_seed(42)))
+    loader = DataLoader(
+        data, batch_size=batch_size, sampler=RandomSampler(data, generator=torch.Generator().manual_seed(42))
+    )
     model.train()
     done = 0
     start = time.perf_counter()
@@ -116,8 +118,16 @@ def trainwright_loop(model, data, steps, batch_size):
 
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(
-            output_dir=out, max_steps=steps, per_device_train_batch_size=batch_size, learning_rate=1e-4,
-            save_strategy="no", report_to="none", disable_tqdm=True, logging_steps=500, seed=42, use_cpu=True,
+            output_dir=out,
+            max_steps=steps,
+            per_device_train_batch_size=batch_size,
+            learning_rate=1e-4,
+            save_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            logging_steps=500,
+            seed=42,
+            use_cpu=True,
         )
         trainer = Trainer(model=model, args=args, train_dataset=data)
         start = time.perf_counter()
@@ -130,8 +140,16 @@ def transformers_loop(model, data, steps, batch_size):
 
     with tempfile.TemporaryDirectory() as out:
         args = transformers.TrainingArguments(
-            output_dir=out, max_steps=steps, per_device_train_batch_size=batch_size, learning_rate=1e-4,
-            save_strategy="no", report_to="none", disable_tqdm=True, logging_steps=500, seed=42, use_cpu=True,
+            output_dir=out,
+            max_steps=steps,
+            per_device_train_batch_size=batch_size,
+            learning_rate=1e-4,
+            save_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            logging_steps=500,
+            seed=42,
+            use_cpu=True,
         )
         trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
         start = time.perf_counter()
@@ -152,7 +170,9 @@ def bench(name, model_fn, data, steps, batch_size, repeats, peers):
     print(f"\n{name}: {steps} steps, batch {batch_size}, best of {repeats}")
     for key, v in results.items():
         ratio = best[key] / best["raw"]
-        print(f"  {key:22s} {best[key]:9.1f} steps/s  (median {statistics.median(v):9.1f})  ratio vs raw {ratio:.3f}")
+        print(
+            f"  {key:22s} {best[key]:9.1f} steps/s  (median {statistics.median(v):9.1f})  ratio vs raw {ratio:.3f}"
+        )
     return best["trainwright"] / best["raw"]
 
 
@@ -175,8 +195,15 @@ def main() -> int:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, peers: {peers or 'none installed'}")
     mlp = bench("tiny MLP (overhead-bound)", MLP, VecData(), ns.mlp_steps, 8, ns.repeats, peers)
     model_name = gpt_model()[1]
-    gpt = bench(f"2-layer GPT-2, seq 128 ({model_name}, compute-bound)", lambda: gpt_model()[0], TokenData(),
-                ns.gpt_steps, 8, ns.repeats, peers)
+    gpt = bench(
+        f"2-layer GPT-2, seq 128 ({model_name}, compute-bound)",
+        lambda: gpt_model()[0],
+        TokenData(),
+        ns.gpt_steps,
+        8,
+        ns.repeats,
+        peers,
+    )
     print(f"\nSUMMARY trainwright/raw: tiny MLP {mlp:.3f} (goal >= 0.97), GPT-2 {gpt:.3f} (goal >= 0.99)")
     return 0
 

@@ -23,7 +23,10 @@ class RegressionDataset(Dataset):
         rng = np.random.default_rng(seed)
         self.label_names = ["labels"] if label_names is None else label_names
         self.x = rng.normal(size=(length,)).astype(np.float32)
-        self.ys = [a * self.x + b + rng.normal(scale=0.1, size=(length,)).astype(np.float32) for _ in self.label_names]
+        self.ys = [
+            a * self.x + b + rng.normal(scale=0.1, size=(length,)).astype(np.float32)
+            for _ in self.label_names
+        ]
         self.getitem_calls = 0
 
     def __len__(self) -> int:
@@ -87,8 +90,16 @@ def tiny_gpt2(vocab: int = 64, n_layer: int = 2, n_embd: int = 32, seed: int = 0
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(seed)
     config = transformers.GPT2Config(
-        n_layer=n_layer, n_embd=n_embd, n_head=2, vocab_size=vocab, n_positions=64, bos_token_id=0, eos_token_id=0,
-        resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=2,
+        vocab_size=vocab,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
     )
     return transformers.GPT2LMHeadModel(config)
 

@@ -850,3 +850,13 @@ def test_main_process_first_with_the_real_single_process_runtime(monkeypatch):
 def test_place_model_on_device():
     assert make().place_model_on_device is True
     assert make(deepspeed={"zero_optimization": {"stage": 2}}).place_model_on_device is False
+
+
+def test_compatibility_doc_lists_every_v4_v5_choice():
+    import pathlib
+
+    from trainwright.args import V4_V5_CHOICES
+
+    doc = (pathlib.Path(__file__).parent.parent / "docs" / "compatibility.md").read_text()
+    missing = [k for k in V4_V5_CHOICES if f"| `{k}` |" not in doc]
+    assert not missing, f"docs/compatibility.md lacks {missing}: regenerate its table from V4_V5_CHOICES"

@@ -14,6 +14,8 @@ pytest.importorskip("clearml")
 
 from trainwright.reporters.clearml import ClearMLCallback  # noqa: E402
 
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # clearml's vendored pyparsing use
+
 LOGS = [
     (2, {"loss": 1.5, "learning_rate": 0.1}),
     (4, {"eval_loss": 1.25, "throughput/samples_per_sec": 64.0}),

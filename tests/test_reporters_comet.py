@@ -46,22 +46,22 @@ def offline(monkeypatch, tmp_path):
         running.end()
 
 
-def end_and_read(tmp_path) -> list[dict]:
+def end_and_read(tmp_path, with_experiment: bool = False):
     comet_ml.get_running_experiment().end()  # writes the offline archive
     (archive,) = glob.glob(str(tmp_path / "comet" / "*.zip"))
     with zipfile.ZipFile(archive) as z:
-        return [json.loads(line) for line in z.read("messages.json").decode().splitlines()]
+        messages = [json.loads(line) for line in z.read("messages.json").decode().splitlines()]
+        experiment = json.loads(z.read("experiment.json"))
+    return (messages, experiment) if with_experiment else messages
 
 
 def test_offline_experiment_params_metrics_and_name(offline, tmp_path):
     offline.setenv("COMET_LOG_ASSETS", "false")
-    drive(
-        CometCallback(),
-        make_args(tmp_path / "out", run_name="comet-run", learning_rate=3e-4),
-        LOGS,
-        model=TinyModel(),
-    )
-    messages = end_and_read(tmp_path)
+    offline.setenv("COMET_PROJECT_NAME", "tiny-project")
+    args = make_args(tmp_path / "out", run_name="comet-run", learning_rate=3e-4)
+    drive(CometCallback(), args, LOGS, model=TinyModel())
+    messages, experiment = end_and_read(tmp_path, with_experiment=True)
+    assert experiment["project_name"] == "tiny-project"
     others = {m["payload"]["key"]: m["payload"]["value"] for m in messages if m["type"] == "log_other"}
     assert others["Name"] == "comet-run"
     params = {}

@@ -13,6 +13,8 @@ pytest.importorskip("dvclive")
 
 from trainwright.reporters.dvclive import DVCLiveCallback  # noqa: E402
 
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:dvc.*")
+
 LOGS = [
     (2, {"loss": 1.5, "learning_rate": 0.1}),
     (4, {"loss": 1.0, "learning_rate": 0.05}),

@@ -1,14 +1,16 @@
 """Reporters tied to a platform: DagsHub (MLflow on DagsHub), Azure ML and Flyte.
 
-azureml-core and flytekit are not installed here (they would downgrade packages that others need),
-so only what does not need them is exercised: the install hints, "all" leaving them out, and the
-Flyte log-history table. DagsHub is installed; with no network its tracking server is unreachable,
-which is exactly the "service down" case."""
+azureml-core and flytekit are not in the project environment (they would downgrade packages
+others need): their full tests below run only where they are installed (they were run with both
+installed in a separate --target folder); here the install hints, "all" leaving them out and the
+Flyte log-history table are checked. DagsHub is installed; with no network its tracking server
+is unreachable, which is exactly the "service down" case."""
 
 from __future__ import annotations
 
 import logging
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 from reporter_testkit import TinyModel, drive, make_args
@@ -95,3 +97,33 @@ def test_dagshub_unreachable_disables_itself_and_training_continues(monkeypatch,
     assert reporter.disabled and state.global_step == 2 and mlflow.active_run() is None
     messages = [r.getMessage() for r in caplog.records if "dagshub reporter is disabled" in r.getMessage()]
     assert len(messages) == 1 and "on_train_begin" in messages[0]
+
+
+def test_flyte_task_syncs_checkpoints_and_adds_the_log_history_deck(tmp_path):
+    flytekit = pytest.importorskip("flytekit")
+    from trainwright.reporters.flyte import FlyteCallback
+
+    @flytekit.task(enable_deck=True)
+    def train(out: str) -> list[str]:
+        reporter = FlyteCallback()
+        drive(reporter, make_args(out), [(2, {"loss": 1.5}), (4, {"eval_loss": 1.0})], save_steps=[2, 4])
+        assert not reporter.disabled
+        context = flytekit.current_context()
+        synced = sorted(p.name for p in Path(context.checkpoint._checkpoint_dest).iterdir())
+        (deck,) = [d for d in context.decks if d.name == "Log History"]
+        assert "<td>1.5</td>" in deck.html and "<th>eval_loss</th>" in deck.html
+        return synced
+
+    assert train(out=str(tmp_path / "out")) == ["model.safetensors", "trainer_state.json"]
+
+
+def test_azure_ml_logs_numbers_to_the_run_context(tmp_path, capsys):
+    pytest.importorskip("azureml.core")
+    from trainwright.reporters.azureml import AzureMLCallback
+
+    reporter = AzureMLCallback()
+    drive(reporter, make_args(tmp_path), [(2, {"loss": 1.5, "note": "x"}), (4, {"eval_loss": 1.0})])
+    # outside an Azure ML job the context is an offline run, which prints what it is asked to log
+    assert type(reporter.azureml_run).__name__ == "_OfflineRun" and not reporter.disabled
+    out = capsys.readouterr().out
+    assert "scalar metric loss:\n1.5" in out and "scalar metric eval_loss:\n1.0" in out and "note" not in out

@@ -21,8 +21,9 @@ JOB = os.path.join(os.path.dirname(__file__), "resume_job.py")
 
 def run_job(cfg: dict, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__)}
-    proc = subprocess.run([sys.executable, JOB, json.dumps(cfg)], capture_output=True, text=True, env=env,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, JOB, json.dumps(cfg)], capture_output=True, text=True, env=env, timeout=300
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"job failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc
@@ -43,7 +44,9 @@ def reference(tmp_path_factory):
 
 
 # 5 optimizer steps per epoch (10 micro-batches, ga=2), 15 in all
-@pytest.mark.parametrize("stop", [2, 5, 8, 14], ids=["mid-epoch", "last-step-of-epoch", "epoch-2", "near-end"])
+@pytest.mark.parametrize(
+    "stop", [2, 5, 8, 14], ids=["mid-epoch", "last-step-of-epoch", "epoch-2", "near-end"]
+)
 def test_resume_in_a_new_process_is_bit_identical(reference, tmp_path, stop):
     ref_res, ref_weights = result(reference)
     out = str(tmp_path / "resumed")
@@ -60,8 +63,15 @@ def test_resume_in_a_new_process_is_bit_identical(reference, tmp_path, stop):
 
 def test_resume_checkpoint_contents_are_weights_only(reference):
     folder = os.path.join(reference, "checkpoint-5")
-    for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json",
-                 "training_args.json", "data_state.json"):
+    for name in (
+        "model.safetensors",
+        "optimizer.pt",
+        "scheduler.pt",
+        "rng_state.pth",
+        "trainer_state.json",
+        "training_args.json",
+        "data_state.json",
+    ):
         assert os.path.isfile(os.path.join(folder, name)), name
     for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
         torch.load(os.path.join(folder, name), weights_only=True)
@@ -75,8 +85,13 @@ def test_resume_checkpoint_contents_are_weights_only(reference):
 
 def test_resumed_epoch_skips_seen_samples_without_loading_them(make_args, tmp_path):
     data = VectorDataset(n=50)
-    args = make_args(per_device_train_batch_size=5, max_steps=4, save_strategy="steps", save_steps=4,
-                     output_dir=str(tmp_path / "a"))
+    args = make_args(
+        per_device_train_batch_size=5,
+        max_steps=4,
+        save_strategy="steps",
+        save_steps=4,
+        output_dir=str(tmp_path / "a"),
+    )
     Trainer(model=_LinearModel(), args=args, train_dataset=data).train()
     # resume at 40% of the 10-batch epoch, train to its end
     fresh = VectorDataset(n=50)
@@ -97,8 +112,14 @@ class _LinearModel(torch.nn.Module):
 
 
 def _train_with_checkpoints(make_args, out, **kw):
-    args = make_args(per_device_train_batch_size=8, max_steps=kw.pop("max_steps", 6), save_strategy="steps",
-                     save_steps=2, output_dir=out, **kw)
+    args = make_args(
+        per_device_train_batch_size=8,
+        max_steps=kw.pop("max_steps", 6),
+        save_strategy="steps",
+        save_steps=2,
+        output_dir=out,
+        **kw,
+    )
     trainer = Trainer(model=_LinearModel(), args=args, train_dataset=VectorDataset(n=64))
     trainer.train()
     return trainer
@@ -125,7 +146,9 @@ def test_no_checkpoint_and_broken_checkpoint_errors_name_the_problem(make_args, 
     run = str(tmp_path / "run")
     _train_with_checkpoints(make_args, run)
     os.remove(os.path.join(run, "checkpoint-6", "scheduler.pt"))
-    trainer = Trainer(model=_LinearModel(), args=make_args(output_dir=run, max_steps=8), train_dataset=VectorDataset())
+    trainer = Trainer(
+        model=_LinearModel(), args=make_args(output_dir=run, max_steps=8), train_dataset=VectorDataset()
+    )
     with pytest.raises(ValueError, match="scheduler.pt"):
         trainer.train(resume_from_checkpoint=os.path.join(run, "checkpoint-6"))
     assert trainer.state.global_step == 0
@@ -137,7 +160,9 @@ def test_resume_with_other_batch_geometry_is_refused_unless_ignore_data_skip(mak
     ckpt = os.path.join(run, "checkpoint-4")
     args = make_args(per_device_train_batch_size=4, max_steps=8, output_dir=run)
     with pytest.raises(ValueError, match="per_device_train_batch_size: 8 in the checkpoint, 4 now"):
-        Trainer(model=_LinearModel(), args=args, train_dataset=VectorDataset(n=64)).train(resume_from_checkpoint=ckpt)
+        Trainer(model=_LinearModel(), args=args, train_dataset=VectorDataset(n=64)).train(
+            resume_from_checkpoint=ckpt
+        )
     args = make_args(per_device_train_batch_size=4, max_steps=8, output_dir=run, ignore_data_skip=True)
     trainer = Trainer(model=_LinearModel(), args=args, train_dataset=VectorDataset(n=64))
     assert trainer.train(resume_from_checkpoint=ckpt).global_step == 8
@@ -153,7 +178,9 @@ def test_malicious_optimizer_file_is_refused_and_never_runs(make_args, tmp_path)
             return (open, (str(marker), "w"))
 
     torch.save({"state": Evil()}, os.path.join(run, "checkpoint-6", "optimizer.pt"))
-    trainer = Trainer(model=_LinearModel(), args=make_args(output_dir=run, max_steps=8), train_dataset=VectorDataset())
+    trainer = Trainer(
+        model=_LinearModel(), args=make_args(output_dir=run, max_steps=8), train_dataset=VectorDataset()
+    )
     with pytest.raises(Exception, match="optimizer.pt"):
         trainer.train(resume_from_checkpoint=os.path.join(run, "checkpoint-6"))
     assert not marker.exists()
@@ -173,12 +200,26 @@ def test_rotation_keeps_best_and_newest_and_load_best_model_at_end(make_args, tm
         return {"score": next(scores)}
 
     args = make_args(
-        output_dir=out, per_device_train_batch_size=8, max_steps=10, eval_strategy="steps", eval_steps=2,
-        save_strategy="steps", save_steps=2, save_total_limit=2, load_best_model_at_end=True,
-        metric_for_best_model="score", greater_is_better=False, learning_rate=0.5,
+        output_dir=out,
+        per_device_train_batch_size=8,
+        max_steps=10,
+        eval_strategy="steps",
+        eval_steps=2,
+        save_strategy="steps",
+        save_steps=2,
+        save_total_limit=2,
+        load_best_model_at_end=True,
+        metric_for_best_model="score",
+        greater_is_better=False,
+        learning_rate=0.5,
     )
-    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(),
-                      eval_dataset=RegressionDataset(length=16), compute_metrics=metric)
+    trainer = Trainer(
+        model=RegressionModel(),
+        args=args,
+        train_dataset=RegressionDataset(),
+        eval_dataset=RegressionDataset(length=16),
+        compute_metrics=metric,
+    )
     trainer.train()
     kept = sorted(d for d in os.listdir(out) if d.startswith("checkpoint-"))
     assert kept == ["checkpoint-10", "checkpoint-4"]
@@ -199,8 +240,12 @@ def test_early_stopping_state_survives_resume(tmp_path):
     assert saved["attributes"]["early_stopping_patience_counter"] >= 1
     out = str(tmp_path / "resumed")
     os.makedirs(out)
-    shutil.copytree(os.path.join(ref, f"checkpoint-{steps - 2}"), os.path.join(out, f"checkpoint-{steps - 2}"))
-    run_job({"output_dir": out, "eval": True, "eval_steps": 1, "early_stopping": 4, "epochs": 6, "resume": True})
+    shutil.copytree(
+        os.path.join(ref, f"checkpoint-{steps - 2}"), os.path.join(out, f"checkpoint-{steps - 2}")
+    )
+    run_job(
+        {"output_dir": out, "eval": True, "eval_steps": 1, "early_stopping": 4, "epochs": 6, "resume": True}
+    )
     res, w = result(out)
     assert res["global_step"] == steps  # without the restored counter it would train longer
     for k in ref_w:
@@ -211,8 +256,13 @@ def test_sigterm_saves_and_exits_cleanly_and_second_signal_does_not_corrupt(tmp_
     out = str(tmp_path / "pre")
     env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__)}
     cfg = {"output_dir": out, "announce": True, "save_steps": 1000, "epochs": 50}
-    proc = subprocess.Popen([sys.executable, JOB, json.dumps(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, JOB, json.dumps(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     for line in proc.stdout:
         if line.startswith("STEP 4"):
             proc.send_signal(signal.SIGTERM)

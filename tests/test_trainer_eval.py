@@ -39,8 +39,9 @@ def test_evaluate_loss_and_metrics_exact(make_args):
 
 def test_preprocess_logits_and_batch_eval_metrics(make_args):
     data = RegressionDataset(length=40)
-    plain = Trainer(model=RegressionModel(1.5, 2.5), args=make_args(), eval_dataset=data,
-                    compute_metrics=almost_accuracy).evaluate()
+    plain = Trainer(
+        model=RegressionModel(1.5, 2.5), args=make_args(), eval_dataset=data, compute_metrics=almost_accuracy
+    ).evaluate()
     shifted = Trainer(
         model=RegressionModel(1.5, 2.5),
         args=make_args(),
@@ -62,8 +63,12 @@ def test_preprocess_logits_and_batch_eval_metrics(make_args):
                 return {"accuracy": self.hits / self.n}
             return {}
 
-    batched = Trainer(model=RegressionModel(1.5, 2.5), args=make_args(batch_eval_metrics=True), eval_dataset=data,
-                      compute_metrics=Batched()).evaluate()
+    batched = Trainer(
+        model=RegressionModel(1.5, 2.5),
+        args=make_args(batch_eval_metrics=True),
+        eval_dataset=data,
+        compute_metrics=Batched(),
+    ).evaluate()
     assert batched["eval_accuracy"] == pytest.approx(plain["eval_accuracy"])
 
 
@@ -74,8 +79,10 @@ def test_predict_outputs_and_labels(make_args):
         def forward(self, input_x, labels=None, labels_2=None):
             return super().forward(input_x, labels)
 
-    trainer = Trainer(model=TwoLabels(1.5, 2.5, double_output=True), args=make_args(per_device_eval_batch_size=8,
-                      label_names=["labels", "labels_2"]))
+    trainer = Trainer(
+        model=TwoLabels(1.5, 2.5, double_output=True),
+        args=make_args(per_device_eval_batch_size=8, label_names=["labels", "labels_2"]),
+    )
     out = trainer.predict(data)
     assert isinstance(out.predictions, tuple) and len(out.predictions) == 2
     assert np.allclose(out.predictions[0], 1.5 * data.x + 2.5)
@@ -115,7 +122,9 @@ def var_collate(items):
 @pytest.mark.parametrize("eval_accumulation_steps", [None, 2])
 def test_predictions_of_different_lengths_are_padded(make_args, eval_accumulation_steps):
     args = make_args(
-        per_device_eval_batch_size=2, eval_accumulation_steps=eval_accumulation_steps, remove_unused_columns=False
+        per_device_eval_batch_size=2,
+        eval_accumulation_steps=eval_accumulation_steps,
+        remove_unused_columns=False,
     )
     trainer = Trainer(model=SeqModel(), args=args, data_collator=var_collate)
     out = trainer.predict(VarLen(10))
@@ -137,8 +146,13 @@ def test_several_eval_datasets_are_prefixed(make_args):
 
 def test_eval_during_training_and_prediction_loss_only(make_args):
     args = make_args(max_steps=4, eval_strategy="steps", eval_steps=3, prediction_loss_only=True)
-    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(),
-                      eval_dataset=RegressionDataset(length=16), compute_metrics=almost_accuracy)
+    trainer = Trainer(
+        model=RegressionModel(),
+        args=args,
+        train_dataset=RegressionDataset(),
+        eval_dataset=RegressionDataset(length=16),
+        compute_metrics=almost_accuracy,
+    )
     trainer.train()
     evals = [r for r in trainer.state.log_history if "eval_loss" in r]
     assert [r["step"] for r in evals] == [3, 4]  # the final step is evaluated too
@@ -147,8 +161,12 @@ def test_eval_during_training_and_prediction_loss_only(make_args):
 
 def test_log_and_save_metrics_files(make_args, capsys):
     args = make_args(max_steps=3)
-    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(),
-                      eval_dataset=RegressionDataset(length=16))
+    trainer = Trainer(
+        model=RegressionModel(),
+        args=args,
+        train_dataset=RegressionDataset(),
+        eval_dataset=RegressionDataset(length=16),
+    )
     out = trainer.train()
     trainer.log_metrics("train", out.metrics)
     printed = capsys.readouterr().out

@@ -65,7 +65,9 @@ class Recorder(TrainerCallback):
         self.logs.append(dict(logs))
 
 
-def expected_events(steps, ga, logging_steps, eval_steps, save_steps, eval_batches, steps_per_epoch, epochs=1):
+def expected_events(
+    steps, ga, logging_steps, eval_steps, save_steps, eval_batches, steps_per_epoch, epochs=1
+):
     ev_block = ["on_prediction_step"] * eval_batches + ["on_log", "on_evaluate"]
     out = ["on_train_begin"]
     step = 0
@@ -116,7 +118,9 @@ def test_event_order_matches_upstream_trace(make_args, ga):
 def test_event_order_epochs_without_eval(make_args):
     rec = Recorder()
     args = make_args(per_device_train_batch_size=8, num_train_epochs=2, logging_steps=3)
-    Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=32), callbacks=[rec]).train()
+    Trainer(
+        model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=32), callbacks=[rec]
+    ).train()
     assert rec.events == expected_events(8, 1, 3, 0, 0, 0, steps_per_epoch=4, epochs=2)
 
 
@@ -130,7 +134,9 @@ def test_last_partial_logging_window_is_logged_and_lr_is_the_applied_one(make_ar
         warmup_steps=3,
         lr_scheduler_type="linear",
     )
-    Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=64), callbacks=[rec]).train()
+    Trainer(
+        model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=64), callbacks=[rec]
+    ).train()
     rows = [r for r in rec.logs if "loss" in r]
     assert [round(r["epoch"] * 16) for r in rows] == [3, 6, 7]
     assert [r["learning_rate"] for r in rows] == [rec.applied_lr[2], rec.applied_lr[5], rec.applied_lr[6]]
@@ -149,13 +155,23 @@ def test_logged_loss_is_mean_of_step_losses(make_args):
             return loss
 
     rec = Recorder()
-    args = make_args(per_device_train_batch_size=4, max_steps=6, logging_steps=3, gradient_accumulation_steps=2)
-    out = Spy(model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=64), callbacks=[rec]).train()
+    args = make_args(
+        per_device_train_batch_size=4, max_steps=6, logging_steps=3, gradient_accumulation_steps=2
+    )
+    out = Spy(
+        model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=64), callbacks=[rec]
+    ).train()
     steps = [losses[i] + losses[i + 1] for i in range(0, 12, 2)]
     rows = [r["loss"] for r in rec.logs if "loss" in r]
     assert rows == pytest.approx([sum(steps[:3]) / 3, sum(steps[3:]) / 3], rel=1e-6)
     assert out.training_loss == pytest.approx(sum(steps) / 6, rel=1e-6)
-    for key in ("train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos", "train_loss"):
+    for key in (
+        "train_runtime",
+        "train_samples_per_second",
+        "train_steps_per_second",
+        "total_flos",
+        "train_loss",
+    ):
         assert key in out.metrics
     assert out.metrics["epoch"] == pytest.approx(48 / 64)
 
@@ -220,7 +236,9 @@ def _assert_same(a, b):
 @pytest.mark.parametrize(
     "model_fn",
     [
-        lambda: TinyGPT(TinyGPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, dropout=0.0)),
+        lambda: TinyGPT(
+            TinyGPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, dropout=0.0)
+        ),
         lambda: tiny_gpt2(),
         MeanTokenLM,
     ],
@@ -279,8 +297,13 @@ def test_causal_lm_counts_shifted_targets(make_args):
 
     data = PaddedLM()
     expected = int((data.labels[:, 1:] != -100).sum())
-    _one_step(lambda: Spy(TinyGPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)), make_args,
-              data, bs=2, ga=4)
+    _one_step(
+        lambda: Spy(TinyGPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)),
+        make_args,
+        data,
+        bs=2,
+        ga=4,
+    )
     assert seen == [expected] * 4
 
 
@@ -347,14 +370,18 @@ def test_model_and_model_init_checks(make_args):
         Trainer(model=RegressionModel(), model_init=RegressionModel, args=make_args())
     with pytest.raises(RuntimeError, match="model"):
         Trainer(args=make_args())
-    trainer = Trainer(model_init=lambda: RegressionModel(), args=make_args(max_steps=2),
-                      train_dataset=RegressionDataset())
+    trainer = Trainer(
+        model_init=lambda: RegressionModel(), args=make_args(max_steps=2), train_dataset=RegressionDataset()
+    )
     assert trainer.train().global_step == 2
 
 
 def test_eval_strategy_without_eval_dataset_fails_before_training(make_args):
-    trainer = Trainer(model=RegressionModel(), args=make_args(eval_strategy="steps", eval_steps=1),
-                      train_dataset=RegressionDataset())
+    trainer = Trainer(
+        model=RegressionModel(),
+        args=make_args(eval_strategy="steps", eval_steps=1),
+        train_dataset=RegressionDataset(),
+    )
     with pytest.raises(ValueError, match="eval_dataset"):
         trainer.train()
     assert trainer.state.global_step == 0

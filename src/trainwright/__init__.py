@@ -4,6 +4,7 @@ token-weighted gradient accumulation and honest throughput/MFU figures.
     from trainwright import Trainer, TrainingArguments
 """
 
+from .argparser import HfArgumentParser
 from .args import (
     IntervalStrategy,
     SaveStrategy,
@@ -11,7 +12,6 @@ from .args import (
     Seq2SeqTrainingArguments,
     TrainingArguments,
 )
-from .argparser import HfArgumentParser
 from .callbacks import (
     DefaultFlowCallback,
     EarlyStoppingCallback,

@@ -31,11 +31,16 @@ class EvalResult:
 class EvalGatherer:
     """Accumulates one evaluation's outputs; see the module docstring."""
 
-    def __init__(self, runtime: Runtime, offload_every: int = 1, keep_outputs: bool = True, do_concat: bool = True):
+    def __init__(
+        self, runtime: Runtime, offload_every: int = 1, keep_outputs: bool = True, do_concat: bool = True
+    ):
         self.runtime = runtime
         self.offload_every = max(int(offload_every), 1)
         self.keep_outputs = keep_outputs
-        self._acc = {name: EvalAccumulator(padding_index=-100, do_concat=do_concat) for name in ("preds", "labels", "inputs")}
+        self._acc = {
+            name: EvalAccumulator(padding_index=-100, do_concat=do_concat)
+            for name in ("preds", "labels", "inputs")
+        }
         self._losses = EvalAccumulator(padding_index=-100, do_concat=True)
         self._pending: list[tuple[str, Any]] = []
         self._batches = 0
@@ -107,4 +112,3 @@ def _pad_trailing(a: np.ndarray, trailing: tuple[int, ...], value: int = -100) -
     out = np.full((a.shape[0], *trailing), value, dtype=a.dtype)
     out[(slice(None), *(slice(0, s) for s in a.shape[1:]))] = a
     return out
-

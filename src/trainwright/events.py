@@ -24,7 +24,6 @@ Event order (the loop in `trainer.py` is the spec):
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from .state import TrainerControl, TrainerState
 

@@ -97,3 +97,41 @@ class LabelSmoother:
         nll_loss = nll.sum() / count
         smooth_loss = smoothed.sum() / (count * log_probs.shape[-1])
         return (1 - self.epsilon) * nll_loss + self.epsilon * smooth_loss
+
+
+class LossWindow:
+    """Per-step training losses since the last log, kept on the device.
+
+    Adding a micro-batch's loss is one in-place add into a preallocated buffer: no allocation and
+    no host sync on the hot path. Non-finite steps are left out of the logged mean when filtering
+    (`logging_nan_inf_filter`), which is what replacing them by the running mean amounts to.
+    """
+
+    def __init__(self, device: torch.device, capacity: int = 64):
+        self.buf = torch.zeros(max(int(capacity), 1), device=device)
+
+    def add(self, step: int, loss: torch.Tensor) -> None:
+        if step >= self.buf.numel():
+            self.buf = torch.cat([self.buf, torch.zeros_like(self.buf)])
+        self.buf[step].add_(loss.detach().reshape(()).to(self.buf.dtype))
+
+    def step_sum(self, steps: int, runtime: Any, filter_nonfinite: bool) -> float:
+        """Sum of the last `steps` step losses, averaged over processes, then cleared."""
+        window = self.buf[:steps]
+        if filter_nonfinite:
+            finite = torch.isfinite(window)
+            count = finite.sum().clamp(min=1)
+            total = torch.where(finite, window, 0.0).sum() / count * steps
+        else:
+            total = window.sum()
+        total = runtime.all_reduce(total.reshape(1), "mean").item()
+        window.zero_()
+        return total
+
+    def values(self, steps: int) -> list[float]:
+        return self.buf[:steps].tolist()
+
+    def load(self, values: list[float]) -> None:
+        self.buf.zero_()
+        for i, v in enumerate(values):
+            self.add(i, torch.tensor(v))

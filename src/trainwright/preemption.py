@@ -30,7 +30,9 @@ class PreemptionGuard:
         sig = signal.Signals(signum)
         if self.requested is None:
             self.requested = sig
-            logger.warning("Received %s: saving a checkpoint at the end of this step, then stopping.", sig.name)
+            logger.warning(
+                "Received %s: saving a checkpoint at the end of this step, then stopping.", sig.name
+            )
         else:
             logger.warning("Received %s again: already saving and stopping.", sig.name)
 

@@ -61,7 +61,12 @@ class Runtime:
         """Reduce in place across processes ("sum", "mean", "max", "min") and return the tensor."""
         if not self.distributed:
             return tensor
-        ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+        ops = {
+            "sum": dist.ReduceOp.SUM,
+            "mean": dist.ReduceOp.SUM,
+            "max": dist.ReduceOp.MAX,
+            "min": dist.ReduceOp.MIN,
+        }
         dist.all_reduce(tensor, op=ops[op])
         if op == "mean":
             tensor /= self.world_size

@@ -17,7 +17,9 @@ class Seq2SeqTrainer(Trainer):
     `generation_max_length` / `generation_num_beams` / `generation_config` of the arguments.
     """
 
-    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval", **gen_kwargs: Any):
+    def evaluate(
+        self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval", **gen_kwargs: Any
+    ):
         self._gen_kwargs = self._generation_kwargs(gen_kwargs)
         return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
 
@@ -48,7 +50,9 @@ class Seq2SeqTrainer(Trainer):
         if not getattr(self.args, "predict_with_generate", False) or prediction_loss_only:
             return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
         if not hasattr(model, "generate"):
-            raise TypeError(f"predict_with_generate needs a model with .generate(); {type(model).__name__} has none.")
+            raise TypeError(
+                f"predict_with_generate needs a model with .generate(); {type(model).__name__} has none."
+            )
         kwargs = {**getattr(self, "_gen_kwargs", {}), **gen_kwargs}
         has_labels = "labels" in inputs
         inputs = self._prepare_inputs(inputs)

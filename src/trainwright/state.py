@@ -77,7 +77,9 @@ class TrainerState:
                 value = math.ceil(max_steps * value)
             setattr(self, f"{name}_steps", int(value))
 
-    def init_training_references(self, trainer: Any, max_steps: int, num_train_epochs: int, trial: Any) -> None:
+    def init_training_references(
+        self, trainer: Any, max_steps: int, num_train_epochs: int, trial: Any
+    ) -> None:
         self.max_steps = max_steps
         self.num_train_epochs = num_train_epochs
         self.is_local_process_zero = trainer.is_local_process_zero()
@@ -133,7 +135,9 @@ class LoopCursor:
     tokens_seen: int = 0  # input tokens, padding included
     flops_seen: float = 0.0
     steps_since_log: int = 0
-    loss_since_log: float = 0.0  # running loss sum not yet logged (kept on device while training)
+    loss_window: list[float] = field(
+        default_factory=list
+    )  # step losses not yet logged (on device while training)
     loss_logged_total: float = 0.0  # sum of the loss of every logged window (for train_loss)
     first_step_of_call: int = 0  # global step at which this train() call started
 

@@ -97,7 +97,9 @@ class TinyGPT(nn.Module):
             if num_items_in_batch is None:
                 out["loss"] = F.cross_entropy(pred, target, ignore_index=-100)
             else:
-                out["loss"] = F.cross_entropy(pred, target, ignore_index=-100, reduction="sum") / num_items_in_batch
+                out["loss"] = (
+                    F.cross_entropy(pred, target, ignore_index=-100, reduction="sum") / num_items_in_batch
+                )
         return out
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
@@ -105,7 +107,9 @@ class TinyGPT(nn.Module):
         return sum(p.numel() for p in self.parameters() if id(p) not in skip)
 
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.8, top_k: int = 20):
+    def generate(
+        self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.8, top_k: int = 20
+    ):
         """Sample continuations (used by the demo to show what the model learned)."""
         was_training = self.training
         self.eval()

@@ -22,10 +22,14 @@ from torch.utils.data import Dataset
 
 @dataclass
 class ModelArguments:
-    model_type: str = field(default="tinygpt", metadata={"help": "tinygpt, or a transformers model type (gpt2, llama, ...)"})
+    model_type: str = field(
+        default="tinygpt", metadata={"help": "tinygpt, or a transformers model type (gpt2, llama, ...)"}
+    )
     model_name_or_path: str | None = field(default=None, metadata={"help": "local folder of a saved model"})
     model_config: dict[str, Any] | None = field(default=None, metadata={"help": "config values (JSON)"})
-    tokenizer_name_or_path: str | None = field(default=None, metadata={"help": "local tokenizer folder; bytes if unset"})
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "local tokenizer folder; bytes if unset"}
+    )
 
 
 @dataclass
@@ -74,11 +78,15 @@ def build_model(margs: ModelArguments, vocab_size: int, block_size: int) -> torc
     if margs.model_type == "tinygpt" and margs.model_name_or_path is None:
         from .tinygpt import TinyGPT, TinyGPTConfig
 
-        return TinyGPT(TinyGPTConfig(vocab_size=vocab_size, block_size=block_size, **(margs.model_config or {})))
+        return TinyGPT(
+            TinyGPTConfig(vocab_size=vocab_size, block_size=block_size, **(margs.model_config or {}))
+        )
     try:
         import transformers
     except ImportError as e:
-        raise ImportError("model_type other than tinygpt needs transformers: pip install 'trainwright[hf]'") from e
+        raise ImportError(
+            "model_type other than tinygpt needs transformers: pip install 'trainwright[hf]'"
+        ) from e
     if margs.model_name_or_path is not None:
         if not os.path.isdir(margs.model_name_or_path):
             raise FileNotFoundError(f"model_name_or_path must be a local folder: {margs.model_name_or_path}")
@@ -89,8 +97,8 @@ def build_model(margs: ModelArguments, vocab_size: int, block_size: int) -> torc
 
 
 def run_train(argv: Sequence[str]) -> dict[str, float]:
-    from .args import TrainingArguments
     from .argparser import HfArgumentParser
+    from .args import TrainingArguments
     from .trainer import Trainer
 
     parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments), prog="trainwright train")
@@ -107,14 +115,20 @@ def run_train(argv: Sequence[str]) -> dict[str, float]:
         return tokenizer(text)["input_ids"] if tokenizer is not None else list(text.encode("utf-8"))
 
     vocab = len(tokenizer) if tokenizer is not None else 256
-    train_ds = TokenBlocks(encode(read_text(dargs.train_file, dargs.text_column)), dargs.block_size, dargs.train_file)
+    train_ds = TokenBlocks(
+        encode(read_text(dargs.train_file, dargs.text_column)), dargs.block_size, dargs.train_file
+    )
     eval_ds = None
     if dargs.validation_file:
         eval_ds = TokenBlocks(
-            encode(read_text(dargs.validation_file, dargs.text_column)), dargs.block_size, dargs.validation_file
+            encode(read_text(dargs.validation_file, dargs.text_column)),
+            dargs.block_size,
+            dargs.validation_file,
         )
     model = build_model(margs, vocab, dargs.block_size)
-    trainer = Trainer(model=model, args=targs, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tokenizer)
+    trainer = Trainer(
+        model=model, args=targs, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tokenizer
+    )
     result = trainer.train(resume_from_checkpoint=targs.resume_from_checkpoint)
     trainer.save_model()
     trainer.save_state()

@@ -28,7 +28,14 @@ from .callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCallback
 from .evaluation import EvalGatherer
 from .events import CallbackHandler, TrainerCallback
 from .flops import FlopsEstimator, non_embedding_parameters
-from .loss import LabelSmoother, batch_size, items_in_batch, label_shift_for, model_accepts_loss_kwargs
+from .loss import (
+    LabelSmoother,
+    LossWindow,
+    batch_size,
+    items_in_batch,
+    label_shift_for,
+    model_accepts_loss_kwargs,
+)
 from .memory import TrainerMemoryTracker
 from .metrics import (
     EvalLoopOutput,
@@ -375,7 +382,9 @@ class Trainer:
             with PreemptionGuard(args.preemption_signals) as self._preemption:
                 output = self._inner_training_loop(resume_path, trial, ignore_keys_for_eval)
             if self._preemption.requested is not None:
-                logger.warning("Preempted by %s: checkpoint written, exiting.", self._preemption.requested.name)
+                logger.warning(
+                    "Preempted by %s: checkpoint written, exiting.", self._preemption.requested.name
+                )
                 raise SystemExit(0)
             return output
         finally:
@@ -415,7 +424,9 @@ class Trainer:
         self.cursor = LoopCursor(steps_in_epoch=steps_in_epoch)
 
         if args.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
+            self.model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs
+            )
         self.create_optimizer()
         self.model_wrapped = runtime.wrap_model(self.model, args)
         if args.torch_compile:
@@ -432,7 +443,8 @@ class Trainer:
         handler = self.callback_handler
         handler.model, handler.optimizer, handler.lr_scheduler = self.model, self.optimizer, self.lr_scheduler
         handler.train_dataloader, handler.cursor = train_dataloader, self.cursor
-        self._loss_since_log = torch.tensor(self.cursor.loss_since_log, device=runtime.device)
+        self._losses = LossWindow(runtime.device, capacity=max(self.state.logging_steps, 1) + 1)
+        self._losses.load(self.cursor.loss_window)
         self._grad_norm: torch.Tensor | float | None = None
         self._last_lr: float | None = None
         self._log_flops_and_tokens = self._wants_flops()
@@ -481,7 +493,7 @@ class Trainer:
                 self._advance_cursor(inputs)
                 with self.runtime.no_sync(self.model_wrapped, skip_sync=i < last):
                     step_loss = self.training_step(self.model_wrapped, inputs, num_items)
-                self._accumulate_loss(step_loss)
+                self._losses.add(cursor.steps_since_log, step_loss)
                 if i < last:
                     self.control = handler.on_substep_end(args, self.state, self.control)
             del micro_batches
@@ -569,13 +581,6 @@ class Trainer:
             elif isinstance(ids, torch.Tensor):
                 self.state.num_input_tokens_seen += ids.numel()
 
-    def _accumulate_loss(self, step_loss: torch.Tensor) -> None:
-        if self.args.logging_nan_inf_filter:
-            # replace a non-finite loss by the running mean, on the device: no host sync
-            mean = self._loss_since_log / max(self.cursor.steps_since_log, 1)
-            step_loss = torch.where(torch.isfinite(step_loss), step_loss, mean)
-        self._loss_since_log += step_loss
-
     def _sync_state(self) -> None:
         self.state.global_step = self.cursor.steps_applied
         self.state.optimizer_step_attempts = self.cursor.steps_attempted
@@ -655,7 +660,9 @@ class Trainer:
             and self.compute_loss_func is None
             and self.label_smoother is None
         )
-        self._passes_num_items = passes or self.compute_loss_func is not None or self.label_smoother is not None
+        self._passes_num_items = (
+            passes or self.compute_loss_func is not None or self.label_smoother is not None
+        )
         if passes:
             inputs = {**inputs, "num_items_in_batch": num_items_in_batch.to(self.runtime.device)}
         outputs = model(**inputs)
@@ -696,7 +703,9 @@ class Trainer:
 
     def _log_training_window(self) -> None:
         cursor = self.cursor
-        loss_sum = self.runtime.all_reduce(self._loss_since_log.clone(), "mean").item()
+        loss_sum = self._losses.step_sum(
+            cursor.steps_since_log, self.runtime, self.args.logging_nan_inf_filter
+        )
         logs: dict[str, float] = {"loss": loss_sum / cursor.steps_since_log}
         if self._grad_norm is not None:
             gn = self._grad_norm
@@ -705,7 +714,6 @@ class Trainer:
             logs["learning_rate"] = float(self._last_lr)
         cursor.loss_logged_total += loss_sum
         cursor.steps_since_log = 0
-        self._loss_since_log.zero_()
         self.log(logs)
 
     def _wants_flops(self) -> bool:
@@ -728,7 +736,9 @@ class Trainer:
             logs["num_input_tokens_seen"] = self.state.num_input_tokens_seen
             if start_time is not None:
                 runtime = time.time() - start_time
-                logs["train_tokens_per_second"] = round(self.state.num_input_tokens_seen / max(runtime, 1e-9), 3)
+                logs["train_tokens_per_second"] = round(
+                    self.state.num_input_tokens_seen / max(runtime, 1e-9), 3
+                )
         self.control = self.callback_handler.on_pre_log(self.args, self.state, self.control, logs=logs)
         self.state.log_history.append({**logs, "step": self.state.global_step})
         self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs=logs)
@@ -796,9 +806,10 @@ class Trainer:
         if cursor.steps_since_log > 0 and args.logging_strategy != "no":
             self._log_training_window()  # the last partial window gets its row too
         elif cursor.steps_since_log > 0:  # unlogged steps still count in train_loss
-            cursor.loss_logged_total += self.runtime.all_reduce(self._loss_since_log.clone(), "mean").item()
+            cursor.loss_logged_total += self._losses.step_sum(
+                cursor.steps_since_log, self.runtime, self.args.logging_nan_inf_filter
+            )
             cursor.steps_since_log = 0
-            self._loss_since_log.zero_()
         train_loss = cursor.loss_logged_total / max(cursor.steps_attempted, 1)
         steps_run = cursor.steps_applied - cursor.first_step_of_call
         samples_run = (cursor.samples_seen - self._samples_at_start) * self.runtime.world_size
@@ -847,11 +858,16 @@ class Trainer:
         bs = self.args.per_device_eval_batch_size * self.runtime.world_size
         output.metrics.update(
             speed_metrics(
-                metric_key_prefix, start, num_samples=output.num_samples, num_steps=math.ceil(output.num_samples / bs)
+                metric_key_prefix,
+                start,
+                num_samples=output.num_samples,
+                num_steps=math.ceil(output.num_samples / bs),
             )
         )
         self.log(output.metrics)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=output.metrics)
+        self.control = self.callback_handler.on_evaluate(
+            self.args, self.state, self.control, metrics=output.metrics
+        )
         self._memory_tracker.stop_and_update_metrics("eval", output.metrics)
         return output.metrics
 
@@ -868,12 +884,19 @@ class Trainer:
         bs = self.args.per_device_eval_batch_size * self.runtime.world_size
         output.metrics.update(
             speed_metrics(
-                metric_key_prefix, start, num_samples=output.num_samples, num_steps=math.ceil(output.num_samples / bs)
+                metric_key_prefix,
+                start,
+                num_samples=output.num_samples,
+                num_steps=math.ceil(output.num_samples / bs),
             )
         )
-        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics=output.metrics)
+        self.control = self.callback_handler.on_predict(
+            self.args, self.state, self.control, metrics=output.metrics
+        )
         self._memory_tracker.stop_and_update_metrics("test", output.metrics)
-        return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=output.metrics)
+        return PredictionOutput(
+            predictions=output.predictions, label_ids=output.label_ids, metrics=output.metrics
+        )
 
     def _model_for_eval(self) -> nn.Module:
         model = self.model
@@ -913,21 +936,32 @@ class Trainer:
         for step, inputs in enumerate(dataloader):
             n = batch_size(inputs)
             observed += n
-            loss, logits, labels = self.prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+            loss, logits, labels = self.prediction_step(
+                model, inputs, prediction_loss_only, ignore_keys=ignore_keys
+            )
             if logits is not None and self.preprocess_logits_for_metrics is not None:
                 logits = self.preprocess_logits_for_metrics(logits, labels)
-            model_inputs = inputs.get("input_ids") if "inputs" in include and isinstance(inputs, dict) else None
+            model_inputs = (
+                inputs.get("input_ids") if "inputs" in include and isinstance(inputs, dict) else None
+            )
             gatherer.add(loss=loss, batch_size=n, predictions=logits, labels=labels, inputs=model_inputs)
             if batch_metrics and logits is not None and labels is not None:
                 last = num_batches is not None and step == num_batches - 1
                 metrics = self.compute_metrics(
-                    EvalPrediction(predictions=logits, label_ids=labels, inputs=model_inputs), compute_result=last
+                    EvalPrediction(predictions=logits, label_ids=labels, inputs=model_inputs),
+                    compute_result=last,
                 )
             self.control = self.callback_handler.on_prediction_step(args, self.state, self.control)
-        num_samples = data_utils.num_examples(dataloader) if data_utils.has_length(dataloader.dataset) else None
+        num_samples = (
+            data_utils.num_examples(dataloader) if data_utils.has_length(dataloader.dataset) else None
+        )
         result = gatherer.finish(num_samples)
         num_samples = num_samples if num_samples is not None else result.num_samples
-        if self.compute_metrics is not None and result.predictions is not None and result.label_ids is not None:
+        if (
+            self.compute_metrics is not None
+            and result.predictions is not None
+            and result.label_ids is not None
+        ):
             if not batch_metrics:
                 pred = EvalPrediction(
                     predictions=result.predictions,
@@ -943,7 +977,10 @@ class Trainer:
             if not key.startswith(f"{metric_key_prefix}_"):
                 metrics[f"{metric_key_prefix}_{key}"] = metrics.pop(key)
         return EvalLoopOutput(
-            predictions=result.predictions, label_ids=result.label_ids, metrics=metrics, num_samples=num_samples
+            predictions=result.predictions,
+            label_ids=result.label_ids,
+            metrics=metrics,
+            num_samples=num_samples,
         )
 
     def prediction_step(

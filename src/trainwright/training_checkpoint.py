@@ -41,7 +41,11 @@ def resolve_resume_path(trainer: Trainer, resume: str | bool | None) -> str | No
     if resume is None or resume is False:
         return None
     if resume is True:
-        path = ckpt.get_last_checkpoint(trainer.args.output_dir) if os.path.isdir(trainer.args.output_dir) else None
+        path = (
+            ckpt.get_last_checkpoint(trainer.args.output_dir)
+            if os.path.isdir(trainer.args.output_dir)
+            else None
+        )
         if path is None:
             raise ValueError(f"No valid checkpoint found in output directory ({trainer.args.output_dir}).")
     else:
@@ -116,7 +120,7 @@ def save(trainer: Trainer) -> str:
             state.best_model_checkpoint = best
     state.stateful_callbacks = callback_states(trainer)
     cursor = trainer.cursor
-    cursor.loss_since_log = float(trainer._loss_since_log.item())
+    cursor.loss_window = trainer._losses.values(cursor.steps_since_log)
     main = runtime.is_main_process or (args.save_on_each_node and runtime.is_local_main_process)
 
     def write(tmp: str) -> None:
@@ -125,7 +129,9 @@ def save(trainer: Trainer) -> str:
         if not args.save_only_model:
             if main:
                 ckpt.save_torch_state(trainer.optimizer.state_dict(), os.path.join(tmp, ckpt.OPTIMIZER_NAME))
-                ckpt.save_torch_state(trainer.lr_scheduler.state_dict(), os.path.join(tmp, ckpt.SCHEDULER_NAME))
+                ckpt.save_torch_state(
+                    trainer.lr_scheduler.state_dict(), os.path.join(tmp, ckpt.SCHEDULER_NAME)
+                )
                 if trainer.scaler is not None:
                     ckpt.save_torch_state(trainer.scaler.state_dict(), os.path.join(tmp, ckpt.SCALER_NAME))
             ckpt.save_rng_state(tmp, runtime.rank, runtime.world_size)
@@ -135,7 +141,9 @@ def save(trainer: Trainer) -> str:
 
     path = ckpt.write_checkpoint(folder, name, write, runtime=runtime)
     if main and args.save_total_limit is not None:
-        ckpt.rotate_checkpoints(folder, args.save_total_limit, best_model_checkpoint=state.best_model_checkpoint)
+        ckpt.rotate_checkpoints(
+            folder, args.save_total_limit, best_model_checkpoint=state.best_model_checkpoint
+        )
     runtime.barrier()
     return path if path else final_path
 
@@ -171,7 +179,9 @@ def _write_model(trainer: Trainer, directory: str) -> None:
 
 def save_model(trainer: Trainer, output_dir: str) -> None:
     """`Trainer.save_model`: weights, processing class and training_args.json (main process)."""
-    if trainer.runtime.is_main_process or (trainer.args.save_on_each_node and trainer.runtime.is_local_main_process):
+    if trainer.runtime.is_main_process or (
+        trainer.args.save_on_each_node and trainer.runtime.is_local_main_process
+    ):
         os.makedirs(output_dir, exist_ok=True)
         _write_model(trainer, output_dir)
     trainer.runtime.barrier()
@@ -182,7 +192,9 @@ def restore(trainer: Trainer, path: str, train_dataloader: Any) -> None:
     """Load everything a checkpoint holds into the Trainer, refusing a resume whose arguments
     change the meaning of the saved position (unless ignore_data_skip)."""
     args, runtime = trainer.args, trainer.runtime
-    data_state = ckpt.read_json(os.path.join(path, ckpt.DATA_STATE_NAME)) if _has(path, ckpt.DATA_STATE_NAME) else None
+    data_state = (
+        ckpt.read_json(os.path.join(path, ckpt.DATA_STATE_NAME)) if _has(path, ckpt.DATA_STATE_NAME) else None
+    )
     saved_state = TrainerState.load_from_json(os.path.join(path, ckpt.TRAINER_STATE_NAME))
     if data_state is not None and not args.ignore_data_skip:
         _check_position_args(trainer, data_state, train_dataloader, path)
@@ -195,9 +207,19 @@ def restore(trainer: Trainer, path: str, train_dataloader: Any) -> None:
         trainer.scaler.load_state_dict(ckpt.safe_torch_load(os.path.join(path, ckpt.SCALER_NAME)))
 
     state = trainer.state
-    for key in ("global_step", "epoch", "log_history", "best_metric", "best_global_step", "total_flos",
-                "num_input_tokens_seen", "optimizer_step_attempts", "stateful_callbacks", "trial_name",
-                "trial_params"):
+    for key in (
+        "global_step",
+        "epoch",
+        "log_history",
+        "best_metric",
+        "best_global_step",
+        "total_flos",
+        "num_input_tokens_seen",
+        "optimizer_step_attempts",
+        "stateful_callbacks",
+        "trial_name",
+        "trial_params",
+    ):
         setattr(state, key, getattr(saved_state, key))
     best = saved_state.best_model_checkpoint
     if best is not None and not os.path.isdir(best):
@@ -220,8 +242,13 @@ def restore(trainer: Trainer, path: str, train_dataloader: Any) -> None:
         trainer._iterable_restored = True
     if not args.save_only_model:
         ckpt.load_rng_state(path, runtime.rank, runtime.world_size)  # warns itself when it can't
-    logger.info("Resumed from %s at step %d (epoch %d, batch %d of it).", path, cursor.steps_applied,
-                cursor.epoch, cursor.batch_in_epoch)
+    logger.info(
+        "Resumed from %s at step %d (epoch %d, batch %d of it).",
+        path,
+        cursor.steps_applied,
+        cursor.epoch,
+        cursor.batch_in_epoch,
+    )
 
 
 def _has(path: str, name: str) -> bool:
@@ -233,10 +260,16 @@ def _check_position_args(trainer: Trainer, data_state: dict, dataloader: Any, pa
     now["world_size"] = trainer.runtime.world_size
     dataset = getattr(dataloader, "dataset", None)
     now["dataset_length"] = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None
-    changed = [f"{k}: {data_state.get(k)} in the checkpoint, {v} now" for k, v in now.items() if data_state.get(k) != v]
+    changed = [
+        f"{k}: {data_state.get(k)} in the checkpoint, {v} now"
+        for k, v in now.items()
+        if data_state.get(k) != v
+    ]
     if changed:
         raise ValueError(
-            f"Can't resume exactly from {path}: " + "; ".join(changed) + ". These change which samples the saved "
+            f"Can't resume exactly from {path}: "
+            + "; ".join(changed)
+            + ". These change which samples the saved "
             "position points to. Restore the original values, or pass ignore_data_skip=True to restart the "
             "current epoch from its first batch."
         )
@@ -263,11 +296,14 @@ def load_best_model(trainer: Trainer) -> None:
 def cleanup_after_training(trainer: Trainer) -> None:
     """With save_total_limit=1, keep only the best checkpoint once training is over (upstream)."""
     args, state = trainer.args, trainer.state
-    if args.save_total_limit != 1 or state.best_model_checkpoint is None or not trainer.runtime.is_main_process:
+    if (
+        args.save_total_limit != 1
+        or state.best_model_checkpoint is None
+        or not trainer.runtime.is_main_process
+    ):
         return
     folder = run_dir(trainer)
     for path in ckpt.sort_checkpoints(folder):
         if os.path.abspath(path) != os.path.abspath(state.best_model_checkpoint):
             logger.info("Deleting %s (save_total_limit=1 keeps the best checkpoint).", path)
             ckpt.delete_checkpoint(path)
-
