@@ -79,6 +79,7 @@ def main(cfg: dict) -> None:
     callbacks = [SlowDown()] if cfg.get("announce") else []
     if cfg.get("early_stopping"):
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=cfg["early_stopping"]))
+    torch.manual_seed(0)  # the model is built before the Trainer seeds anything
     trainer = Trainer(
         model=Net(),
         args=args,

@@ -279,3 +279,62 @@ def test_sigterm_saves_and_exits_cleanly_and_second_signal_does_not_corrupt(tmp_
     assert not os.path.exists(os.path.join(out, "result.json"))  # it exited instead of going on
     run_job({"output_dir": out, "resume": True, "epochs": 50, "max_steps": step + 2, "save_steps": 1000})
     assert result(out)[0]["global_step"] == step + 2
+
+
+def test_resume_from_a_transformers_trainer_checkpoint(make_args, tmp_path):
+    """A checkpoint folder written by transformers.Trainer resumes here: weights, optimizer,
+    scheduler, RNG and the counters of trainer_state.json carry over; the data position is rebuilt
+    from global_step, as upstream does."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from conftest import tiny_gpt2
+    from test_trainer_loop import PaddedLM
+
+    out = str(tmp_path / "hf")
+    hf_args = transformers.TrainingArguments(
+        output_dir=out, per_device_train_batch_size=4, max_steps=4, save_steps=2, logging_steps=1,
+        report_to="none", disable_tqdm=True, use_cpu=True, learning_rate=1e-3,
+    )
+    transformers.Trainer(model=tiny_gpt2(), args=hf_args, train_dataset=PaddedLM(n=32)).train()
+    model = tiny_gpt2(seed=1)  # different weights: they must come from the checkpoint
+    args = make_args(output_dir=out, per_device_train_batch_size=4, max_steps=4, learning_rate=1e-3,
+                     logging_steps=1)
+    trainer = Trainer(model=model, args=args, train_dataset=PaddedLM(n=32))
+    trainer.train(resume_from_checkpoint=os.path.join(out, "checkpoint-2"))
+    assert trainer.state.global_step == 4
+    assert [r["step"] for r in trainer.state.log_history if "loss" in r][:2] == [1, 2]  # history kept
+    assert trainer.optimizer.state_dict()["state"][0]["step"].item() == 4  # Adam moments carried on
+
+
+def _kill_and_resume(reference, tmp_path, kills):
+    """SIGKILL a saving-every-step run at `kills` moments; each time resume from what is on disk and
+    check the run still ends with the reference weights, bit for bit."""
+    import time
+
+    ref_res, ref_weights = result(reference)
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__)}
+    for n, (step, delay_ms) in enumerate(kills):
+        out = str(tmp_path / f"kill{n}")
+        cfg = {"output_dir": out, "workers": 2, "announce": True}
+        proc = subprocess.Popen([sys.executable, JOB, json.dumps(cfg)], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True, env=env)
+        for line in proc.stdout:
+            if line.startswith(f"STEP {step}"):
+                time.sleep(delay_ms / 1000)  # a varying moment inside the previous step's save or this step
+                proc.kill()
+                break
+        proc.wait(timeout=60)
+        run_job({"output_dir": out, "workers": 2, "resume": True})
+        res, weights = result(out)
+        assert res["rows"] == ref_res["rows"], f"kill {n} at step {step} +{delay_ms} ms"
+        for k in ref_weights:
+            assert torch.equal(weights[k], ref_weights[k]), (n, k)
+
+
+def test_sigkill_while_saving_then_resume_is_still_exact(reference, tmp_path):
+    _kill_and_resume(reference, tmp_path, [(3, 0), (6, 2), (9, 5)])
+
+
+@pytest.mark.slow
+def test_sigkill_at_many_moments_then_resume_is_still_exact(reference, tmp_path):
+    _kill_and_resume(reference, tmp_path, [(s, d) for s in range(2, 15, 2) for d in (0, 1, 3, 8)])
