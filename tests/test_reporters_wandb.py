@@ -153,6 +153,7 @@ def test_trials_are_separate_runs_grouped_by_run_name(offline, tmp_path):
         state = make_state(is_hyper_param_search=True, trial_name=trial)
         drive(reporter, make_args(tmp_path, run_name="search"), LOGS[:1], state=state)
     assert wandb.run is None  # finished at the end of each trial
+    finish_and_flush()
     runs = [by_kind(read_records(p), "run")[0] for p in offline_run_files(tmp_path)]
     assert sorted(r.display_name for r in runs) == ["t0", "t1"] and {r.run_group for r in runs} == {"search"}
 
