@@ -292,13 +292,21 @@ def test_resume_from_a_transformers_trainer_checkpoint(make_args, tmp_path):
 
     out = str(tmp_path / "hf")
     hf_args = transformers.TrainingArguments(
-        output_dir=out, per_device_train_batch_size=4, max_steps=4, save_steps=2, logging_steps=1,
-        report_to="none", disable_tqdm=True, use_cpu=True, learning_rate=1e-3,
+        output_dir=out,
+        per_device_train_batch_size=4,
+        max_steps=4,
+        save_steps=2,
+        logging_steps=1,
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=True,
+        learning_rate=1e-3,
     )
     transformers.Trainer(model=tiny_gpt2(), args=hf_args, train_dataset=PaddedLM(n=32)).train()
     model = tiny_gpt2(seed=1)  # different weights: they must come from the checkpoint
-    args = make_args(output_dir=out, per_device_train_batch_size=4, max_steps=4, learning_rate=1e-3,
-                     logging_steps=1)
+    args = make_args(
+        output_dir=out, per_device_train_batch_size=4, max_steps=4, learning_rate=1e-3, logging_steps=1
+    )
     trainer = Trainer(model=model, args=args, train_dataset=PaddedLM(n=32))
     trainer.train(resume_from_checkpoint=os.path.join(out, "checkpoint-2"))
     assert trainer.state.global_step == 4
@@ -316,8 +324,13 @@ def _kill_and_resume(reference, tmp_path, kills):
     for n, (step, delay_ms) in enumerate(kills):
         out = str(tmp_path / f"kill{n}")
         cfg = {"output_dir": out, "workers": 2, "announce": True}
-        proc = subprocess.Popen([sys.executable, JOB, json.dumps(cfg)], stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, text=True, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, JOB, json.dumps(cfg)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
         for line in proc.stdout:
             if line.startswith(f"STEP {step}"):
                 time.sleep(delay_ms / 1000)  # a varying moment inside the previous step's save or this step
