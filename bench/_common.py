@@ -1,4 +1,5 @@
-"""Small pieces shared by the benchmark scripts: quiet output, a step clock, summaries."""
+"""Small pieces shared by the benchmark scripts: quiet output, a step clock, a method timer, the
+machine's load, summaries."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def quiet() -> None:
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
     except ImportError:
         pass
 
@@ -30,30 +32,93 @@ class StepClock(TrainerCallback):
     """Timestamps optimizer step ends (one perf_counter call per step, same cost in every variant).
 
     `first` and `last` are the perf_counter values at the end of the first and latest step of the
-    run; `steps` counts them. `probe()` is called once at the end of the first step and its result
-    kept in `probed` (e.g. a dataset's call count). With `stop_after`, training stops after that
-    many steps (everything after the last timestamp is outside what is measured).
+    run, `first_cpu` the process CPU time (`time.process_time`) at the first; `steps` counts them;
+    with `keep_all`, `times` and `cpu_times` hold every step end's wall and CPU time (on a shared
+    machine other processes' load lengthens wall time much more than CPU time). `probe()` is
+    called once at the end of the first step and its result kept in `probed` (e.g. a dataset's
+    call count). With `stop_after`, training stops after that many steps (everything after the
+    last timestamp is outside what is measured).
     """
 
-    def __init__(self, stop_after: int | None = None, probe: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self, stop_after: int | None = None, probe: Callable[[], Any] | None = None, keep_all: bool = False
+    ) -> None:
         self.stop_after = stop_after
         self.probe = probe
         self.first: float | None = None
+        self.first_cpu: float | None = None
         self.last: float | None = None
         self.steps = 0
         self.probed: Any = None
+        self.times: list[float] | None = [] if keep_all else None
+        self.cpu_times: list[float] | None = [] if keep_all else None
 
     def on_step_end(self, args, state, control, **kwargs):
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         self.steps += 1
         self.last = now
+        if self.times is not None:
+            self.times.append(now)
+            self.cpu_times.append(cpu)
         if self.first is None:
-            self.first = now
+            self.first, self.first_cpu = now, cpu
             if self.probe is not None:
                 self.probed = self.probe()
         if self.stop_after is not None and self.steps >= self.stop_after:
             control.should_training_stop = True
         return control
+
+
+class MethodTimer:
+    """Within the block, times every call of the given `(owner, attribute name)` functions.
+
+    `calls[label]` lists each call's seconds (label: "Owner.name"); `total` is their sum. The
+    owner's attribute is replaced by a timing wrapper and put back on exit, so it only sees calls
+    made through that attribute (a module function or a class method looked up at call time).
+    """
+
+    def __init__(self, targets: list[tuple[Any, str]]) -> None:
+        self.targets = targets
+        self.calls: dict[str, list[float]] = {}
+        self._originals: list[tuple[Any, str, Any]] = []
+
+    @property
+    def total(self) -> float:
+        return sum(sum(v) for v in self.calls.values())
+
+    def __enter__(self) -> MethodTimer:
+        for owner, name in self.targets:
+            original = getattr(owner, name)
+            label = f"{getattr(owner, '__name__', type(owner).__name__).rsplit('.', 1)[-1]}.{name}"
+            record = self.calls.setdefault(label, [])
+
+            def timed(*args, _original=original, _record=record, **kwargs):
+                start = time.perf_counter()
+                try:
+                    return _original(*args, **kwargs)
+                finally:
+                    _record.append(time.perf_counter() - start)
+
+            # None: the attribute was inherited, so on exit the wrapper is deleted, not replaced.
+            self._originals.append((owner, name, vars(owner).get(name)))
+            setattr(owner, name, timed)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, original in reversed(self._originals):
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+        self._originals.clear()
+
+
+def load_average() -> str:
+    """The machine's 1-minute load average and core count, to read timings against."""
+    try:
+        return f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
+    except OSError:
+        return f"{os.cpu_count()} cores"
 
 
 def summary(values: list[float], unit: str = "s", scale: float = 1.0) -> str:

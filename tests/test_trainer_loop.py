@@ -432,3 +432,19 @@ def test_transformers_model_trains_and_loss_falls(make_args):
     losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
     assert losses[-1] < losses[0] - 0.3
     assert all(math.isfinite(x) for x in losses)
+
+
+def test_unlogged_losses_are_folded_into_train_loss(make_args, monkeypatch):
+    import trainwright.trainer as trainer_module
+
+    def run(**kw):
+        args = make_args(per_device_train_batch_size=4, max_steps=10, **kw)
+        trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=64))
+        return trainer, trainer.train()
+
+    _, logged = run(logging_steps=1)
+    monkeypatch.setattr(trainer_module, "_MAX_UNLOGGED_STEPS", 3)
+    trainer, folded = run(logging_strategy="no")
+    assert folded.training_loss == pytest.approx(logged.training_loss, rel=1e-6)
+    assert not [r for r in trainer.state.log_history if "loss" in r]
+    assert trainer.cursor.steps_since_log == 0

@@ -455,6 +455,15 @@ class FlopsEstimator:
         self.module = module  # what is counted
         self.loss_fn = loss_fn
         self.max_counted_shapes = max_counted_shapes
+        # the model's own FLOP method, looked up once (it is called for every batch)
+        self._per_batch: tuple[str, Callable] | None = next(
+            (
+                (f"model.{name}", getattr(module, name))
+                for name in ("flops_per_batch", "floating_point_ops")
+                if getattr(module, name, None) is not None
+            ),
+            None,
+        )
         self.source: str | None = None
         self._cache: dict[Any, int] = {}
         self._counter = _FakeStepCounter(module)
@@ -464,13 +473,8 @@ class FlopsEstimator:
 
     def __call__(self, batch: Mapping[str, Any]) -> float:
         """FLOPs of one forward + backward of the model on `batch`."""
-        module = self.module
-        method = getattr(module, "flops_per_batch", None)
-        if method is not None:
-            return self._use("model.flops_per_batch", float(method(batch)))
-        method = getattr(module, "floating_point_ops", None)
-        if method is not None:
-            return self._use("model.floating_point_ops", float(method(batch)))
+        if self._per_batch is not None:
+            return self._use(self._per_batch[0], float(self._per_batch[1](batch)))
         if not self._counter_failed:
             key = _signature(batch)
             flops = self._cache.get(key)
@@ -487,7 +491,7 @@ class FlopsEstimator:
                 )
             if flops is not None:
                 return self._use("flop_counter", float(flops))
-        return self._use("6N", float(estimate_6n_flops(module, batch)))
+        return self._use("6N", float(estimate_6n_flops(self.module, batch)))
 
     def _count(self, batch: Mapping[str, Any]) -> int | None:
         try:
@@ -503,6 +507,8 @@ class FlopsEstimator:
             return None
 
     def _use(self, source: str, flops: float) -> float:
+        if source is self.source:
+            return flops
         self.source = source
         if source not in self._logged_sources:
             self._logged_sources.add(source)

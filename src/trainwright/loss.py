@@ -132,6 +132,8 @@ class LossWindow:
         return self.buf[:steps].tolist()
 
     def load(self, values: list[float]) -> None:
+        while self.buf.numel() < len(values):
+            self.buf = torch.cat([self.buf, torch.zeros_like(self.buf)])
         self.buf.zero_()
-        for i, v in enumerate(values):
-            self.add(i, torch.tensor(v))
+        if values:
+            self.buf[: len(values)] = torch.tensor(values, dtype=self.buf.dtype)

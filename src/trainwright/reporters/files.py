@@ -126,11 +126,28 @@ class JsonlCallback(_RowFileReporter):
                     kept.append(line if line.endswith("\n") else line + "\n")
         _replace_atomically(self.path, lambda f: f.writelines(kept))
 
+    _file: Any = None
+
     def _append(self, row: dict[str, Any]) -> None:
         assert self.path is not None
         line = json.dumps({k: _json_value(v) for k, v in row.items()})
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+        if self._file is None or self._file.name != self.path:
+            self._close()
+            self._file = open(self.path, "a", encoding="utf-8")  # kept open: one write + flush per row
+        self._file.write(line + "\n")
+        self._file.flush()
+
+    def _close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._close()  # the file may be rewritten (resume) or replaced (fresh run)
+        super().on_train_begin(args, state, control, **kwargs)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._close()
 
 
 def _csv_value(value: Any) -> str:
