@@ -59,7 +59,7 @@ from .state import LoopCursor, TrainerControl, TrainerState
 
 logger = logging.getLogger(__name__)
 
-_PLATEAU = "reduce_lr_on_plateau"
+_MAX_UNLOGGED_STEPS = 4096  # step losses kept for the next log row before they are folded into train_loss
 
 
 def _nested_detach(x: Any) -> Any:
@@ -99,6 +99,8 @@ class Trainer:
             warnings.warn("`tokenizer` is deprecated: pass `processing_class`.", FutureWarning, stacklevel=2)
             processing_class = processing_class if processing_class is not None else tokenizer
         self.runtime = get_runtime(use_cpu=args.use_cpu, backend=args.ddp_backend, timeout_s=args.ddp_timeout)
+        if (args.log_level if args.should_log else args.log_level_replica) != "passive":
+            logging.getLogger("trainwright").setLevel(args.get_process_log_level())  # replicas: warning
         if args.full_determinism:
             enable_full_determinism(args.seed)
         else:
@@ -113,6 +115,11 @@ class Trainer:
             raise RuntimeError("Trainer needs a `model` or a `model_init`.")
         if model_init is not None and optimizers != (None, None):
             raise ValueError("`optimizers` cannot be used with `model_init`: each trial builds its own.")
+        if args.fsdp and optimizers[0] is not None:
+            raise ValueError(
+                "`optimizers` cannot be used with `fsdp`: sharding replaces the model's parameters, so the "
+                "optimizer must be built afterwards. Pass `optimizer_cls_and_kwargs` instead."
+            )
         if optimizers != (None, None) and optimizer_cls_and_kwargs is not None:
             raise ValueError("Pass `optimizers` or `optimizer_cls_and_kwargs`, not both.")
         self.model_init = model_init
@@ -427,8 +434,8 @@ class Trainer:
             self.model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs
             )
-        self.create_optimizer()
         self.model_wrapped = runtime.wrap_model(self.model, args)
+        self.create_optimizer()  # after wrapping: FSDP2 replaces the parameters with sharded ones
         if args.torch_compile:
             self.model_wrapped = torch.compile(
                 self.model_wrapped, backend=args.torch_compile_backend, mode=args.torch_compile_mode
@@ -693,6 +700,8 @@ class Trainer:
     def _maybe_log_save_evaluate(self, trial, ignore_keys_for_eval) -> None:
         if self.control.should_log and self.cursor.steps_since_log > 0:
             self._log_training_window()
+        elif self.cursor.steps_since_log >= _MAX_UNLOGGED_STEPS:
+            self._fold_loss_window()  # bounded window and data_state.json without logging
         if self.control.should_evaluate:
             is_new_best = self._evaluate(trial, ignore_keys_for_eval)
             if self.args.save_strategy == "best":
@@ -715,6 +724,13 @@ class Trainer:
         cursor.loss_logged_total += loss_sum
         cursor.steps_since_log = 0
         self.log(logs)
+
+    def _fold_loss_window(self) -> None:
+        cursor = self.cursor
+        cursor.loss_logged_total += self._losses.step_sum(
+            cursor.steps_since_log, self.runtime, self.args.logging_nan_inf_filter
+        )
+        cursor.steps_since_log = 0
 
     def _wants_flops(self) -> bool:
         return any(getattr(cb, "needs_flops", False) for cb in self.callback_handler.callbacks)
@@ -806,10 +822,7 @@ class Trainer:
         if cursor.steps_since_log > 0 and args.logging_strategy != "no":
             self._log_training_window()  # the last partial window gets its row too
         elif cursor.steps_since_log > 0:  # unlogged steps still count in train_loss
-            cursor.loss_logged_total += self._losses.step_sum(
-                cursor.steps_since_log, self.runtime, self.args.logging_nan_inf_filter
-            )
-            cursor.steps_since_log = 0
+            self._fold_loss_window()
         train_loss = cursor.loss_logged_total / max(cursor.steps_attempted, 1)
         steps_run = cursor.steps_applied - cursor.first_step_of_call
         samples_run = (cursor.samples_seen - self._samples_at_start) * self.runtime.world_size
