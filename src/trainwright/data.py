@@ -812,6 +812,9 @@ class RemoveColumnsCollator:
         return {k: v for k, v in feature.items() if k in self.keep}
 
     def __call__(self, features: list[Any]) -> Any:
+        first = features[0] if features else None
+        if isinstance(first, Mapping) and self.keep.issuperset(first):
+            return self.collate_fn(features)  # nothing to drop (the common case): no copies
         return self.collate_fn([self._drop(f) for f in features])
 
 

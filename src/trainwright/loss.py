@@ -102,22 +102,25 @@ class LabelSmoother:
 class LossWindow:
     """Per-step training losses since the last log, kept on the device.
 
-    Adding a micro-batch's loss is one in-place add into a preallocated buffer: no allocation and
-    no host sync on the hot path. Non-finite steps are left out of the logged mean when filtering
+    A step's loss is kept as the (detached) tensor the step produced: recording it is a list
+    append, with no tensor operation and no host sync on the hot path; the window is stacked and
+    read once per log. Non-finite steps are left out of the logged mean when filtering
     (`logging_nan_inf_filter`), which is what replacing them by the running mean amounts to.
     """
 
-    def __init__(self, device: torch.device, capacity: int = 64):
-        self.buf = torch.zeros(max(int(capacity), 1), device=device)
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.steps: list[torch.Tensor] = []
 
     def add(self, step: int, loss: torch.Tensor) -> None:
-        if step >= self.buf.numel():
-            self.buf = torch.cat([self.buf, torch.zeros_like(self.buf)])
-        self.buf[step].add_(loss.detach().reshape(()).to(self.buf.dtype))
+        if step < len(self.steps):  # another micro-batch of the same optimizer step
+            self.steps[step] = self.steps[step] + loss
+        else:
+            self.steps.append(loss)
 
     def step_sum(self, steps: int, runtime: Any, filter_nonfinite: bool) -> float:
-        """Sum of the last `steps` step losses, averaged over processes, then cleared."""
-        window = self.buf[:steps]
+        """Sum of the recorded step losses, averaged over processes, then cleared."""
+        window = torch.stack([t.reshape(()).float() for t in self.steps[:steps]])
         if filter_nonfinite:
             finite = torch.isfinite(window)
             count = finite.sum().clamp(min=1)
@@ -125,15 +128,11 @@ class LossWindow:
         else:
             total = window.sum()
         total = runtime.all_reduce(total.reshape(1), "mean").item()
-        window.zero_()
+        del self.steps[:steps]
         return total
 
     def values(self, steps: int) -> list[float]:
-        return self.buf[:steps].tolist()
+        return [float(t) for t in self.steps[:steps]]
 
     def load(self, values: list[float]) -> None:
-        while self.buf.numel() < len(values):
-            self.buf = torch.cat([self.buf, torch.zeros_like(self.buf)])
-        self.buf.zero_()
-        if values:
-            self.buf[: len(values)] = torch.tensor(values, dtype=self.buf.dtype)
+        self.steps = [torch.tensor(v, dtype=torch.float32, device=self.device) for v in values]

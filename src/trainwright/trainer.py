@@ -59,6 +59,7 @@ from .state import LoopCursor, TrainerControl, TrainerState
 
 logger = logging.getLogger(__name__)
 
+_NO_CONTEXT = contextlib.nullcontext()  # reusable: nullcontext keeps no state
 _MAX_UNLOGGED_STEPS = 4096  # step losses kept for the next log row before they are folded into train_loss
 
 
@@ -294,6 +295,8 @@ class Trainer:
 
     def _prepare_inputs(self, inputs: Any) -> Any:
         device = self.runtime.device
+        if device.type == "cpu":
+            return inputs  # batches are made on the CPU
         non_blocking = device.type == "cuda"
         if isinstance(inputs, dict):
             return type(inputs)({k: self._prepare_inputs(v) for k, v in inputs.items()})
@@ -349,7 +352,8 @@ class Trainer:
         return None
 
     def compute_loss_context_manager(self) -> contextlib.AbstractContextManager:
-        return self.runtime.autocast(self._amp_dtype())
+        dtype = self._amp_dtype()
+        return _NO_CONTEXT if dtype is None else self.runtime.autocast(dtype)
 
     def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
         return self.compute_loss_context_manager()
@@ -450,7 +454,7 @@ class Trainer:
         handler = self.callback_handler
         handler.model, handler.optimizer, handler.lr_scheduler = self.model, self.optimizer, self.lr_scheduler
         handler.train_dataloader, handler.cursor = train_dataloader, self.cursor
-        self._losses = LossWindow(runtime.device, capacity=max(self.state.logging_steps, 1) + 1)
+        self._losses = LossWindow(runtime.device)
         self._losses.load(self.cursor.loss_window)
         self._grad_norm: torch.Tensor | float | None = None
         self._last_lr: float | None = None
@@ -498,7 +502,7 @@ class Trainer:
             last = len(micro_batches) - 1
             for i, inputs in enumerate(micro_batches):
                 self._advance_cursor(inputs)
-                with self.runtime.no_sync(self.model_wrapped, skip_sync=i < last):
+                with self._sync_context(skip_sync=i < last):
                     step_loss = self.training_step(self.model_wrapped, inputs, num_items)
                 self._losses.add(cursor.steps_since_log, step_loss)
                 if i < last:
@@ -549,6 +553,12 @@ class Trainer:
         skip = 0 if self._iterable_restored else self.cursor.batch_in_epoch
         self._iterable_restored = False
         return data_utils.skip_iterable(dataloader, skip) if skip else iter(dataloader)
+
+    def _sync_context(self, skip_sync: bool) -> contextlib.AbstractContextManager:
+        """No gradient all-reduce on accumulation micro-steps (nothing to do on one process)."""
+        if skip_sync and self.runtime.distributed:
+            return self.runtime.no_sync(self.model_wrapped, skip_sync=True)
+        return _NO_CONTEXT
 
     def _preempted(self) -> bool:
         guard = self._preemption
@@ -621,7 +631,8 @@ class Trainer:
         self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Forward and backward of one micro-batch; returns the detached loss that was backpropagated."""
-        model.train()
+        if not model.training:  # after an evaluation; calling train() every step costs ~50 us
+            model.train()
         micro_items = items_in_batch(inputs, self._label_shift) if num_items_in_batch is not None else None
         inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():
