@@ -2,19 +2,33 @@
 
 A single CPU process is world_size 1 and goes through the same code as a torchrun job: every
 collective below is a no-op (or an identity) when there is one process.
+
+Under torchrun (or any launcher that sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT) the first
+`get_runtime()` starts the process group (nccl on CUDA, gloo on CPU, or `ddp_backend`) with
+`ddp_timeout`, so a collective that a dead or stuck peer never joins fails after that long instead of
+hanging. The group is torn down at interpreter exit, and an uncaught exception is written to
+torchelastic's error file so that torchrun's failure summary names the rank that failed and why.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
+import json
+import logging
 import os
+import sys
+import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -32,6 +46,7 @@ class Runtime:
     world_size: int = 1
     local_world_size: int = 1
     backend: str | None = None
+    timeout_s: int = 1800
     _owns_group: bool = field(default=False, repr=False)
     _cpu_group: Any = field(default=None, repr=False)
 
@@ -78,7 +93,11 @@ class Runtime:
         if not self.distributed:
             return flag
         if self._cpu_group is None:
-            self._cpu_group = dist.new_group(backend="gloo") if self.backend != "gloo" else dist.group.WORLD
+            self._cpu_group = (
+                dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.timeout_s))
+                if self.backend != "gloo"
+                else dist.group.WORLD
+            )
         box = torch.tensor([int(flag)])
         dist.all_reduce(box, op=dist.ReduceOp.MAX, group=self._cpu_group)
         return bool(box.item())
@@ -129,19 +148,42 @@ class Runtime:
 
     # -- model wrapping ---------------------------------------------------------------------
     def wrap_model(self, model: torch.nn.Module, args: Any = None) -> torch.nn.Module:
-        """Wrap for data parallelism (DDP) when there are several processes."""
+        """Prepare the model for data parallelism when there are several processes.
+
+        `args.fsdp` (except "no_shard") shards it in place with FSDP2's `fully_shard` and returns the
+        same module (its parameters become DTensors, so build the optimizer afterwards); otherwise
+        it is wrapped in DistributedDataParallel. One process gets the model back unchanged.
+        """
+        if args is not None and getattr(args, "deepspeed", None):
+            raise ValueError(
+                "deepspeed is set, but trainwright runs data parallelism on PyTorch's own engine: use "
+                "`fsdp` (e.g. fsdp='full_shard') for sharded training, or unset `deepspeed`."
+            )
+        from . import fsdp
+
+        sharding = fsdp.fsdp_options(args)
         if not self.distributed:
+            if sharding:
+                logger.warning("fsdp=%s is set but this is one process: training without sharding.", sharding)
             return model
+        if fsdp.is_sharded(model):
+            return model  # sharded by an earlier train() call
+        if sharding and sharding != ["no_shard"]:
+            return fsdp.shard_model(model, args, self)
         from torch.nn.parallel import DistributedDataParallel
 
+        if isinstance(model, DistributedDataParallel):
+            return model
         kwargs: dict[str, Any] = {}
         if args is not None:
-            if getattr(args, "ddp_find_unused_parameters", None) is not None:
-                kwargs["find_unused_parameters"] = args.ddp_find_unused_parameters
-            if getattr(args, "ddp_bucket_cap_mb", None) is not None:
-                kwargs["bucket_cap_mb"] = args.ddp_bucket_cap_mb
-            if getattr(args, "ddp_broadcast_buffers", None) is not None:
-                kwargs["broadcast_buffers"] = args.ddp_broadcast_buffers
+            for arg, option in (
+                ("ddp_find_unused_parameters", "find_unused_parameters"),
+                ("ddp_bucket_cap_mb", "bucket_cap_mb"),
+                ("ddp_broadcast_buffers", "broadcast_buffers"),
+                ("ddp_static_graph", "static_graph"),
+            ):
+                if getattr(args, arg, None) is not None:
+                    kwargs[option] = getattr(args, arg)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids, **kwargs)
 
@@ -186,12 +228,49 @@ class Runtime:
 
     # -- teardown ---------------------------------------------------------------------------
     def shutdown(self) -> None:
+        """Destroy the process group this runtime started (also run at interpreter exit)."""
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
-            self._owns_group = False
+        self._owns_group = False
+
+
+def _error_file_hook(previous: Any) -> Any:
+    """An excepthook that writes an uncaught exception to torchelastic's error file (the JSON that
+    torchrun's `@record` writes) before the usual report, so the launcher's failure summary shows
+    this rank's error instead of "error_file: <N/A>"."""
+
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        global _FAILED
+        _FAILED = True
+        path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+        if path and not os.path.exists(path):  # a script decorated with @record wrote it already
+            try:
+                message = {
+                    "message": f"{exc_type.__name__}: {exc}",
+                    "extraInfo": {
+                        "py_callstack": "".join(traceback.format_exception(exc_type, exc, tb)),
+                        "timestamp": str(int(time.time())),
+                    },
+                }
+                with open(path, "w") as f:
+                    json.dump({"message": message}, f)
+            except OSError:
+                pass  # the traceback below still reaches stderr
+        previous(exc_type, exc, tb)
+
+    hook._trainwright_error_file = True  # type: ignore[attr-defined]
+    return hook
 
 
 _RUNTIME: Runtime | None = None
+_FAILED = False  # an uncaught exception is ending the process
+
+
+def _shutdown_at_exit() -> None:
+    # After a failure, peers may still be inside a collective with us: leave the group to process
+    # exit rather than risk waiting on it (NCCL's teardown can block on unfinished work).
+    if _RUNTIME is not None and not _FAILED:
+        _RUNTIME.shutdown()
 
 
 def get_runtime(use_cpu: bool = False, backend: str | None = None, timeout_s: int = 1800) -> Runtime:
@@ -216,13 +295,23 @@ def get_runtime(use_cpu: bool = False, backend: str | None = None, timeout_s: in
     if world_size > 1:
         chosen = backend or ("nccl" if device.type == "cuda" else "gloo")
         if not dist.is_initialized():
+            missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+            if missing:
+                raise RuntimeError(
+                    f"WORLD_SIZE={world_size} asks for several processes but {' and '.join(missing)} "
+                    "is not set: launch with torchrun (or set MASTER_ADDR and MASTER_PORT)."
+                )
             dist.init_process_group(
                 backend=chosen,
                 timeout=datetime.timedelta(seconds=timeout_s),
                 **({"device_id": device} if device.type == "cuda" else {}),
             )
             owns = True
+        else:
+            chosen = dist.get_backend()
         rank, world_size = dist.get_rank(), dist.get_world_size()
+        if not getattr(sys.excepthook, "_trainwright_error_file", False):
+            sys.excepthook = _error_file_hook(sys.excepthook)
     _RUNTIME = Runtime(
         device=device,
         rank=rank,
@@ -230,8 +319,11 @@ def get_runtime(use_cpu: bool = False, backend: str | None = None, timeout_s: in
         world_size=world_size,
         local_world_size=local_world_size,
         backend=chosen,
+        timeout_s=timeout_s,
         _owns_group=owns,
     )
+    if owns:
+        atexit.register(_shutdown_at_exit)
     return _RUNTIME
 
 

@@ -13,6 +13,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from . import checkpoint as ckpt
+from . import fsdp
 from .state import ExportableState, LoopCursor, TrainerState
 
 if TYPE_CHECKING:
@@ -122,13 +123,17 @@ def save(trainer: Trainer) -> str:
     cursor = trainer.cursor
     cursor.loss_window = trainer._losses.values(cursor.steps_since_log)
     main = runtime.is_main_process or (args.save_on_each_node and runtime.is_local_main_process)
+    sharded = fsdp.is_sharded(trainer.model)  # FSDP2: model + optimizer as DCP folders, from every rank
 
     def write(tmp: str) -> None:
         if main:
-            _write_model(trainer, tmp)
+            _write_model(trainer, tmp, weights=not sharded)
+        if sharded:
+            fsdp.save_sharded(trainer.model, None if args.save_only_model else trainer.optimizer, tmp)
         if not args.save_only_model:
-            if main:
+            if main and not sharded:
                 ckpt.save_torch_state(trainer.optimizer.state_dict(), os.path.join(tmp, ckpt.OPTIMIZER_NAME))
+            if main:
                 ckpt.save_torch_state(
                     trainer.lr_scheduler.state_dict(), os.path.join(tmp, ckpt.SCHEDULER_NAME)
                 )
@@ -167,8 +172,15 @@ def _data_state(trainer: Trainer) -> dict[str, Any]:
     return out
 
 
-def _write_model(trainer: Trainer, directory: str) -> None:
-    ckpt.save_model_weights(trainer.model, directory, max_shard_size=trainer.args.save_max_shard_size)
+def _write_model(
+    trainer: Trainer, directory: str, weights: bool = True, state_dict: dict | None = None
+) -> None:
+    if weights:
+        ckpt.save_model_weights(
+            trainer.model, directory, max_shard_size=trainer.args.save_max_shard_size, state_dict=state_dict
+        )
+    elif hasattr(getattr(trainer.model, "config", None), "save_pretrained"):
+        trainer.model.config.save_pretrained(directory)  # sharded weights: still describe the model
     ckpt.write_json(os.path.join(directory, ckpt.TRAINING_ARGS_NAME), trainer.args.to_dict())
     processing = trainer.processing_class
     if processing is None:
@@ -178,12 +190,16 @@ def _write_model(trainer: Trainer, directory: str) -> None:
 
 
 def save_model(trainer: Trainer, output_dir: str) -> None:
-    """`Trainer.save_model`: weights, processing class and training_args.json (main process)."""
+    """`Trainer.save_model`: weights, processing class and training_args.json (main process).
+    An FSDP-sharded model is gathered first (every rank must call this) and saved consolidated."""
+    state_dict = None
+    if fsdp.is_sharded(trainer.model):
+        state_dict = fsdp.full_state_dict(trainer.model, on_every_rank=trainer.args.save_on_each_node)
     if trainer.runtime.is_main_process or (
         trainer.args.save_on_each_node and trainer.runtime.is_local_main_process
     ):
         os.makedirs(output_dir, exist_ok=True)
-        _write_model(trainer, output_dir)
+        _write_model(trainer, output_dir, state_dict=state_dict)
     trainer.runtime.barrier()
 
 
@@ -199,10 +215,25 @@ def restore(trainer: Trainer, path: str, train_dataloader: Any) -> None:
     if data_state is not None and not args.ignore_data_skip:
         _check_position_args(trainer, data_state, train_dataloader, path)
 
-    ckpt.load_model_weights(trainer.model, path)
-    if _has(path, ckpt.OPTIMIZER_NAME) and _has(path, ckpt.SCHEDULER_NAME):
-        trainer.optimizer.load_state_dict(ckpt.safe_torch_load(os.path.join(path, ckpt.OPTIMIZER_NAME)))
-        trainer.lr_scheduler.load_state_dict(ckpt.safe_torch_load(os.path.join(path, ckpt.SCHEDULER_NAME)))
+    if fsdp.has_sharded_checkpoint(path):  # DCP reshards to this run's processes, sharded or not
+        with_optimizer = _has(path, ckpt.SCHEDULER_NAME) and not args.save_only_model
+        fsdp.load_sharded(trainer.model, trainer.optimizer if with_optimizer else None, path)
+        if with_optimizer:
+            trainer.lr_scheduler.load_state_dict(
+                ckpt.safe_torch_load(os.path.join(path, ckpt.SCHEDULER_NAME))
+            )
+    elif fsdp.is_sharded(trainer.model):
+        raise ValueError(
+            f"Can't resume {path} with fsdp: it holds unsharded weights ({ckpt.WEIGHTS_NAME}), not the DCP "
+            f"folders ({fsdp.MODEL_DIR}/) a sharded model loads. Resume it without fsdp."
+        )
+    else:
+        ckpt.load_model_weights(trainer.model, path)
+        if _has(path, ckpt.OPTIMIZER_NAME) and _has(path, ckpt.SCHEDULER_NAME):
+            trainer.optimizer.load_state_dict(ckpt.safe_torch_load(os.path.join(path, ckpt.OPTIMIZER_NAME)))
+            trainer.lr_scheduler.load_state_dict(
+                ckpt.safe_torch_load(os.path.join(path, ckpt.SCHEDULER_NAME))
+            )
     if trainer.scaler is not None and _has(path, ckpt.SCALER_NAME):
         trainer.scaler.load_state_dict(ckpt.safe_torch_load(os.path.join(path, ckpt.SCALER_NAME)))
 
@@ -290,7 +321,10 @@ def _cursor_from_global_step(trainer: Trainer, global_step: int) -> LoopCursor:
 def load_best_model(trainer: Trainer) -> None:
     best = trainer.state.best_model_checkpoint
     logger.info("Loading the best model from %s (score: %s).", best, trainer.state.best_metric)
-    ckpt.load_model_weights(trainer.model, best)
+    if fsdp.has_sharded_checkpoint(best):
+        fsdp.load_sharded(trainer.model, None, best)
+    else:
+        ckpt.load_model_weights(trainer.model, best)
 
 
 def cleanup_after_training(trainer: Trainer) -> None:
