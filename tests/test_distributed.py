@@ -273,12 +273,6 @@ def test_gathered_evaluation_equals_one_process(two_proc, one_proc):
     assert m2["test_mse"] == pytest.approx(m1["test_mse"], rel=1e-5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="eval loss is each batch's mean repeated per sample, and rank 1's last batch [9, 11, repeat of 0] "
-    "mixes the padding sample into the mean of real ones, so truncating rows afterwards cannot remove it; "
-    "the padded rows must be dropped from the batch before the forward (reported to the lead)",
-)
 def test_gathered_eval_loss_equals_one_process(two_proc, one_proc):
     m2, m1 = (
         result(os.path.join(two_proc, "ddp_mlp"))["metrics"],
@@ -422,12 +416,12 @@ def test_resume_in_new_processes_is_bit_identical(two_proc, resumed, name):
 
 
 def test_fsdp_checkpoint_resumes_on_a_different_number_of_processes(two_proc, tmp_path):
-    """DCP reshards: the 2-process FSDP checkpoint resumes in this single, unsharded process. The data
-    position of a different world size has no exact meaning, so both continuations restart the epoch
-    (ignore_data_skip); with the same global batch they must then agree."""
+    """DCP reshards: the 2-process FSDP checkpoint resumes in this single, unsharded process. With the
+    same global batch the saved position is rescaled to the new number of processes, so both
+    continuations go on from the same sample of the same epoch and must agree."""
     source = os.path.join(two_proc, "fsdp_lm", "checkpoint-4")
     cont = {"model": "lm", "resume": None, "save_model": True}
-    extra = {"max_steps": 6, "ignore_data_skip": True}
+    extra = {"max_steps": 6}
     one_dir, two_dir = str(tmp_path / "one"), str(tmp_path / "two")
     with pytest.warns(UserWarning, match="RNG state not restored"):  # rng_state.pth: one process's file
         dist_job.run_task(

@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.data import Dataset, IterableDataset
 
 from . import data as data_utils
-from . import training_checkpoint
+from . import fsdp, training_checkpoint
 from .args import TrainingArguments
 from .callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCallback
 from .evaluation import EvalGatherer
@@ -956,13 +956,24 @@ class Trainer:
         batch_metrics = args.batch_eval_metrics and self.compute_metrics is not None
         num_batches = len(dataloader) if data_utils.has_length(dataloader) else None
         metrics: dict[str, Any] = {}
-        observed = 0
+        real_rows, dealt = _real_rows(dataloader), 0
         for step, inputs in enumerate(dataloader):
             n = batch_size(inputs)
-            observed += n
+            if real_rows is not None and dealt + n > real_rows:
+                # rows the sampler repeated to even out processes: cut before the forward, so they
+                # weigh in neither the loss nor the metrics
+                keep = max(real_rows - dealt, 0)
+                dealt += n
+                if keep == 0 and not fsdp.is_sharded(model):
+                    continue
+                inputs, n = (_take_rows(inputs, keep), keep) if keep else (inputs, 0)
+            else:
+                dealt += n
             loss, logits, labels = self.prediction_step(
                 model, inputs, prediction_loss_only, ignore_keys=ignore_keys
             )
+            if n == 0:  # a sharded model's forward is collective: it ran, its output is dropped
+                continue
             if logits is not None and self.preprocess_logits_for_metrics is not None:
                 logits = self.preprocess_logits_for_metrics(logits, labels)
             model_inputs = (
@@ -1069,6 +1080,25 @@ def _forward_params(model: nn.Module) -> list[str]:
     import inspect
 
     return list(inspect.signature(model.forward).parameters)
+
+
+def _real_rows(dataloader: Any) -> int | None:
+    """How many of this process's evaluation rows are real samples (None when none are padding)."""
+    sampler = getattr(dataloader, "sampler", None)
+    if not getattr(sampler, "num_padding", 0):
+        return None
+    return len(range(sampler.rank, sampler.num_samples, sampler.num_replicas))
+
+
+def _take_rows(inputs: Any, keep: int) -> Any:
+    """The first `keep` samples of a batch (tensors with a batch dimension are sliced)."""
+    if isinstance(inputs, dict):
+        return type(inputs)({k: _take_rows(v, keep) for k, v in inputs.items()})
+    if isinstance(inputs, (list, tuple)):
+        return type(inputs)(_take_rows(v, keep) for v in inputs)
+    if isinstance(inputs, torch.Tensor) and inputs.dim() > 0:
+        return inputs[:keep]
+    return inputs
 
 
 def _is_hf_dataset(dataset: Any) -> bool:

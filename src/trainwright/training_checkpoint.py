@@ -121,7 +121,8 @@ def save(trainer: Trainer) -> str:
             state.best_model_checkpoint = best
     state.stateful_callbacks = callback_states(trainer)
     cursor = trainer.cursor
-    cursor.loss_window = trainer._losses.values(cursor.steps_since_log)
+    windows = runtime.all_gather_object(trainer._losses.values(cursor.steps_since_log))
+    cursor.loss_window = windows[runtime.rank]
     main = runtime.is_main_process or (args.save_on_each_node and runtime.is_local_main_process)
     sharded = fsdp.is_sharded(trainer.model)  # FSDP2: model + optimizer as DCP folders, from every rank
 
@@ -141,7 +142,7 @@ def save(trainer: Trainer) -> str:
                     ckpt.save_torch_state(trainer.scaler.state_dict(), os.path.join(tmp, ckpt.SCALER_NAME))
             ckpt.save_rng_state(tmp, runtime.rank, runtime.world_size)
         if main:
-            ckpt.write_json(os.path.join(tmp, ckpt.DATA_STATE_NAME), _data_state(trainer))
+            ckpt.write_json(os.path.join(tmp, ckpt.DATA_STATE_NAME), _data_state(trainer, windows))
             state.save_to_json(os.path.join(tmp, ckpt.TRAINER_STATE_NAME))
 
     path = ckpt.write_checkpoint(folder, name, write, runtime=runtime)
@@ -153,7 +154,7 @@ def save(trainer: Trainer) -> str:
     return path if path else final_path
 
 
-def _data_state(trainer: Trainer) -> dict[str, Any]:
+def _data_state(trainer: Trainer, windows: list[list[float]]) -> dict[str, Any]:
     args = trainer.args
     dataloader = trainer.callback_handler.train_dataloader
     dataset = getattr(dataloader, "dataset", None)
@@ -162,6 +163,7 @@ def _data_state(trainer: Trainer) -> dict[str, Any]:
         "world_size": trainer.runtime.world_size,
         "dataset_length": len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None,
         "seed": args.data_seed if args.data_seed is not None else args.seed,
+        "loss_windows": windows,
         **{k: getattr(args, k) for k in _POSITION_ARGS},
     }
     sampler = getattr(dataloader, "sampler", None)
@@ -262,6 +264,9 @@ def restore(trainer: Trainer, path: str, train_dataloader: Any) -> None:
     if data_state is not None:
         cursor = LoopCursor.from_dict(data_state["cursor"])
         cursor.steps_in_epoch = trainer.cursor.steps_in_epoch
+        _use_own_loss_window(cursor, data_state, runtime)
+        if not args.ignore_data_skip:
+            _rescale_position(cursor, data_state, trainer)
     else:  # a transformers checkpoint: rebuild the position from global_step, as upstream does
         cursor = _cursor_from_global_step(trainer, saved_state.global_step)
     if args.ignore_data_skip:
@@ -286,15 +291,30 @@ def _has(path: str, name: str) -> bool:
     return os.path.isfile(os.path.join(path, name))
 
 
+def _global_batch(values: dict[str, Any]) -> int | None:
+    try:
+        return (
+            values["per_device_train_batch_size"]
+            * values["gradient_accumulation_steps"]
+            * values["world_size"]
+        )
+    except (KeyError, TypeError):
+        return None
+
+
 def _check_position_args(trainer: Trainer, data_state: dict, dataloader: Any, path: str) -> None:
+    """Refuse a resume whose batch geometry moves the saved position. A different split of the same
+    global batch (processes x batch per device x accumulation) is fine: the sampler deals one
+    global order, so the position is rescaled (`_rescale_position`)."""
     now: dict[str, Any] = {k: getattr(trainer.args, k) for k in _POSITION_ARGS}
     now["world_size"] = trainer.runtime.world_size
     dataset = getattr(dataloader, "dataset", None)
     now["dataset_length"] = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None
+    same_global = _global_batch(now) == _global_batch(data_state) is not None
     changed = [
         f"{k}: {data_state.get(k)} in the checkpoint, {v} now"
         for k, v in now.items()
-        if data_state.get(k) != v
+        if data_state.get(k) != v and not (same_global and k in (*_POSITION_ARGS, "world_size"))
     ]
     if changed:
         raise ValueError(
@@ -304,6 +324,36 @@ def _check_position_args(trainer: Trainer, data_state: dict, dataloader: Any, pa
             "position points to. Restore the original values, or pass ignore_data_skip=True to restart the "
             "current epoch from its first batch."
         )
+
+
+def _rescale_position(cursor: LoopCursor, data_state: dict, trainer: Trainer) -> None:
+    """Per-process counts of a checkpoint saved with another number of processes (same global batch)."""
+    old, new = data_state.get("world_size", 1), trainer.runtime.world_size
+    if old == new:
+        return
+    consumed = cursor.samples_in_epoch * old  # the global position in this epoch's order
+    if consumed % new:
+        raise ValueError(
+            f"Can't resume with {new} processes: the checkpoint's position ({consumed} samples into the epoch) "
+            f"does not split evenly over them. Use a number of processes that divides it, or ignore_data_skip=True."
+        )
+    cursor.samples_in_epoch = consumed // new
+    cursor.batch_in_epoch = cursor.samples_in_epoch // trainer.args.per_device_train_batch_size
+    cursor.samples_seen = cursor.samples_seen * old // new
+    cursor.tokens_seen = cursor.tokens_seen * old // new
+    cursor.flops_seen = cursor.flops_seen * old / new
+    logger.info("Checkpoint saved with %d processes, resumed with %d: position rescaled.", old, new)
+
+
+def _use_own_loss_window(cursor: LoopCursor, data_state: dict, runtime: Any) -> None:
+    """Each process's unlogged step losses (saved per process, so logged means stay exact)."""
+    windows = data_state.get("loss_windows")
+    if not windows:
+        return
+    if len(windows) == runtime.world_size:
+        cursor.loss_window = list(windows[runtime.rank])
+    else:  # another number of processes: every process continues from the mean window
+        cursor.loss_window = [sum(v) / len(v) for v in zip(*windows)]
 
 
 def _cursor_from_global_step(trainer: Trainer, global_step: int) -> LoopCursor:
