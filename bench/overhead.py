@@ -71,7 +71,8 @@ def gpt_model():
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        cfg = GPT2Config(n_layer=2, n_embd=256, n_head=4, vocab_size=256, n_positions=128)
+        # use_cache=False everywhere: the trainers turn the KV cache off for training, so the raw loop does too
+        cfg = GPT2Config(n_layer=2, n_embd=256, n_head=4, vocab_size=256, n_positions=128, use_cache=False)
         return GPT2LMHeadModel(cfg), "transformers GPT2LMHeadModel"
     except ImportError:
         from trainwright.tinygpt import TinyGPT, TinyGPTConfig
