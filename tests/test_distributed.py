@@ -580,19 +580,6 @@ def test_fsdp_refuses_a_prebuilt_optimizer(make_args):
         Trainer(model=model, args=make_args(fsdp="full_shard"), optimizers=(optimizer, None))
 
 
-def test_deepspeed_gets_a_clear_error_before_training(make_args):
-    from trainwright.trainer import Trainer
-
-    trainer = Trainer(
-        model=dist_job.build_model("mlp"),
-        args=make_args(deepspeed={"zero_optimization": {"stage": 2}}, max_steps=1),
-        train_dataset=dist_job.VectorData(8),
-    )
-    with pytest.raises(ValueError, match="deepspeed is set.*fsdp"):
-        trainer.train()
-    assert trainer.state.global_step == 0
-
-
 def test_world_size_without_a_rendezvous_address_is_a_clear_error():
     env = {**_env(), "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
     env.pop("MASTER_ADDR", None)

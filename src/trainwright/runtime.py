@@ -155,10 +155,7 @@ class Runtime:
         it is wrapped in DistributedDataParallel. One process gets the model back unchanged.
         """
         if args is not None and getattr(args, "deepspeed", None):
-            raise ValueError(
-                "deepspeed is set, but trainwright runs data parallelism on PyTorch's own engine: use "
-                "`fsdp` (e.g. fsdp='full_shard') for sharded training, or unset `deepspeed`."
-            )
+            return model  # DeepSpeed's engine wraps it, with the optimizer (deepspeed_engine.py)
         from . import fsdp
 
         sharding = fsdp.fsdp_options(args)

@@ -439,13 +439,19 @@ class Trainer:
                 gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs
             )
         self.model_wrapped = runtime.wrap_model(self.model, args)
-        self.create_optimizer()  # after wrapping: FSDP2 replaces the parameters with sharded ones
+        if args.deepspeed:  # DeepSpeed: the engine wraps the model around the (Trainer's) optimizer
+            from .deepspeed_engine import DeepSpeedRun
+
+            self._deepspeed = DeepSpeedRun.start(self)
+        else:
+            self.create_optimizer()  # after wrapping: FSDP2 replaces the parameters with sharded ones
         if args.torch_compile:
             self.model_wrapped = torch.compile(
                 self.model_wrapped, backend=args.torch_compile_backend, mode=args.torch_compile_mode
             )
         self.create_scheduler(max_steps, self.optimizer)
-        self.scaler = runtime.grad_scaler(bool(args.fp16))
+        # DeepSpeed's engine does its own fp16 loss scaling.
+        self.scaler = runtime.grad_scaler(bool(args.fp16) and self._deepspeed is None)
         if resume_path is not None:
             training_checkpoint.restore(self, resume_path, train_dataloader)
         self.cursor.first_step_of_call = self.cursor.steps_applied
@@ -556,6 +562,9 @@ class Trainer:
 
     def _sync_context(self, skip_sync: bool) -> contextlib.AbstractContextManager:
         """No gradient all-reduce on accumulation micro-steps (nothing to do on one process)."""
+        if self._deepspeed is not None:  # the engine reduces at the boundary it is told of
+            self._deepspeed.set_boundary(not skip_sync)
+            return _NO_CONTEXT
         if skip_sync and self.runtime.distributed:
             return self.runtime.no_sync(self.model_wrapped, skip_sync=True)
         return _NO_CONTEXT
@@ -607,6 +616,8 @@ class Trainer:
     def _clip_gradients(self) -> torch.Tensor | None:
         if self.args.max_grad_norm is None or self.args.max_grad_norm <= 0:
             return None
+        if self._deepspeed is not None:
+            return None  # the engine clips inside its step (gradient_clipping) and reports the norm
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         model = self.model_wrapped
@@ -616,6 +627,9 @@ class Trainer:
 
     def _optimizer_step(self) -> bool:
         """Step the optimizer; False when the fp16 grad scaler skipped the update."""
+        if self._deepspeed is not None:
+            applied, self._grad_norm = self._deepspeed.step()
+            return applied
         if self.scaler is None:
             self.optimizer.step()
             return True
@@ -639,7 +653,9 @@ class Trainer:
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         del inputs
         loss = self._scale_for_accumulation(loss, micro_items, num_items_in_batch)
-        if self.scaler is not None:
+        if self._deepspeed is not None:
+            self._deepspeed.backward(loss)
+        elif self.scaler is not None:
             self.scaler.scale(loss).backward()
         else:
             loss.backward()
@@ -706,6 +722,7 @@ class Trainer:
     _passes_num_items = False
     _preemption: PreemptionGuard | None = None
     _iterable_restored = False
+    _deepspeed: Any = None  # deepspeed_engine.DeepSpeedRun while a `deepspeed` run trains
 
     # ------------------------------------------------------------------ log / evaluate / save
     def _maybe_log_save_evaluate(self, trial, ignore_keys_for_eval) -> None:

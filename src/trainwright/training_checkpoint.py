@@ -125,14 +125,18 @@ def save(trainer: Trainer) -> str:
     cursor.loss_window = windows[runtime.rank]
     main = runtime.is_main_process or (args.save_on_each_node and runtime.is_local_main_process)
     sharded = fsdp.is_sharded(trainer.model)  # FSDP2: model + optimizer as DCP folders, from every rank
+    engine = trainer._deepspeed  # DeepSpeed: its own checkpoint beside whole weights
+    engine_weights = engine.full_state_dict() if engine is not None else None  # ZeRO-3: every rank gathers
 
     def write(tmp: str) -> None:
         if main:
-            _write_model(trainer, tmp, weights=not sharded)
+            _write_model(trainer, tmp, weights=not sharded, state_dict=engine_weights)
+        if engine is not None and not args.save_only_model:
+            engine.save(tmp)
         if sharded:
             fsdp.save_sharded(trainer.model, None if args.save_only_model else trainer.optimizer, tmp)
         if not args.save_only_model:
-            if main and not sharded:
+            if main and not sharded and engine is None:
                 ckpt.save_torch_state(trainer.optimizer.state_dict(), os.path.join(tmp, ckpt.OPTIMIZER_NAME))
             if main:
                 ckpt.save_torch_state(
@@ -195,7 +199,9 @@ def save_model(trainer: Trainer, output_dir: str) -> None:
     """`Trainer.save_model`: weights, processing class and training_args.json (main process).
     An FSDP-sharded model is gathered first (every rank must call this) and saved consolidated."""
     state_dict = None
-    if fsdp.is_sharded(trainer.model):
+    if trainer._deepspeed is not None:
+        state_dict = trainer._deepspeed.full_state_dict()  # ZeRO-3: gathered on every rank
+    elif fsdp.is_sharded(trainer.model):
         state_dict = fsdp.full_state_dict(trainer.model, on_every_rank=trainer.args.save_on_each_node)
     if trainer.runtime.is_main_process or (
         trainer.args.save_on_each_node and trainer.runtime.is_local_main_process
@@ -217,7 +223,13 @@ def restore(trainer: Trainer, path: str, train_dataloader: Any) -> None:
     if data_state is not None and not args.ignore_data_skip:
         _check_position_args(trainer, data_state, train_dataloader, path)
 
-    if fsdp.has_sharded_checkpoint(path):  # DCP reshards to this run's processes, sharded or not
+    if trainer._deepspeed is not None:  # the engine puts back weights, fp32 masters and optimizer state
+        trainer._deepspeed.load(path, with_optimizer=not args.save_only_model)
+        if _has(path, ckpt.SCHEDULER_NAME) and not args.save_only_model:
+            trainer.lr_scheduler.load_state_dict(
+                ckpt.safe_torch_load(os.path.join(path, ckpt.SCHEDULER_NAME))
+            )
+    elif fsdp.has_sharded_checkpoint(path):  # DCP reshards to this run's processes, sharded or not
         with_optimizer = _has(path, ckpt.SCHEDULER_NAME) and not args.save_only_model
         fsdp.load_sharded(trainer.model, trainer.optimizer if with_optimizer else None, path)
         if with_optimizer:
