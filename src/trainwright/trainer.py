@@ -896,21 +896,19 @@ class Trainer:
             ignore_keys=ignore_keys,
             metric_key_prefix=metric_key_prefix,
         )
-        bs = self.args.per_device_eval_batch_size * self.runtime.world_size
-        output.metrics.update(
-            speed_metrics(
-                metric_key_prefix,
-                start,
-                num_samples=output.num_samples,
-                num_steps=math.ceil(output.num_samples / bs),
-            )
-        )
+        self._add_speed_metrics(output, metric_key_prefix, start)
         self.log(output.metrics)
         self.control = self.callback_handler.on_evaluate(
             self.args, self.state, self.control, metrics=output.metrics
         )
         self._memory_tracker.stop_and_update_metrics("eval", output.metrics)
         return output.metrics
+
+    def _add_speed_metrics(self, output: EvalLoopOutput, prefix: str, start: float) -> None:
+        batches = math.ceil(
+            output.num_samples / (self.args.per_device_eval_batch_size * self.runtime.world_size)
+        )
+        output.metrics.update(speed_metrics(prefix, start, num_samples=output.num_samples, num_steps=batches))
 
     def predict(
         self, test_dataset: Dataset, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
@@ -922,15 +920,7 @@ class Trainer:
         output = self.evaluation_loop(
             dataloader, description="Prediction", ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix
         )
-        bs = self.args.per_device_eval_batch_size * self.runtime.world_size
-        output.metrics.update(
-            speed_metrics(
-                metric_key_prefix,
-                start,
-                num_samples=output.num_samples,
-                num_steps=math.ceil(output.num_samples / bs),
-            )
-        )
+        self._add_speed_metrics(output, metric_key_prefix, start)
         self.control = self.callback_handler.on_predict(
             self.args, self.state, self.control, metrics=output.metrics
         )
