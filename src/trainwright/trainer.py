@@ -452,6 +452,7 @@ class Trainer:
         self.create_scheduler(max_steps, self.optimizer)
         # DeepSpeed's engine does its own fp16 loss scaling.
         self.scaler = runtime.grad_scaler(bool(args.fp16) and self._deepspeed is None)
+        self._plateau = self._scheduler_is_plateau()  # checked once, not every step
         if resume_path is not None:
             training_checkpoint.restore(self, resume_path, train_dataloader)
         self.cursor.first_step_of_call = self.cursor.steps_applied
@@ -519,7 +520,7 @@ class Trainer:
             applied = self._optimizer_step()
             self.control = handler.on_optimizer_step(args, self.state, self.control)
             self._last_lr = self.optimizer.param_groups[0]["lr"]  # the rate this step applied
-            if applied and not self._scheduler_is_plateau():
+            if applied and not self._plateau:
                 self.lr_scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             cursor.steps_attempted += 1

@@ -10,6 +10,8 @@ from ..state import TrainerControl, TrainerState
 
 def strategy_is(strategy: Any, name: str) -> bool:
     """True if a strategy (a plain string or an enum member of one) is `name`."""
+    if isinstance(strategy, str):  # plain strings and str-enums compare as strings: the fast path
+        return strategy == name
     return getattr(strategy, "value", strategy) == name
 
 
