@@ -663,6 +663,17 @@ def default_data_collator(features: Sequence[Any], return_tensors: str = "pt") -
         )
     if not features:
         raise ValueError("default_data_collator: got an empty batch.")
+    first = features[0]
+    if (
+        return_tensors == "pt"
+        and type(first) is dict
+        and not any(k in first for k in _LABEL_KEYS)
+        and all(isinstance(v, torch.Tensor) for v in first.values())
+    ):  # dicts of tensors, the common case: stack each key (what the general path does, minus its checks)
+        try:
+            return {k: torch.stack([f[k] for f in features]) for k in first}
+        except (RuntimeError, KeyError, TypeError):
+            pass  # the general path gives the clear error
     rows = [_as_mapping(f) for f in features]
     first = rows[0]
     batch: dict[str, Any] = {}
