@@ -115,5 +115,7 @@ def _print_summary(s: dict[str, Any]) -> None:
     ]
     if s["plots"]:
         lines.append("  plots:        " + ", ".join(s["plots"]))
+    else:
+        lines.append(f"  plots:        pip install 'trainwright[plot]', then: trainwright plot {out}")
     lines += ["  sample from the model:", "    " + s["sample"].replace("\n", "\n    "), "=" * 72]
     print("\n".join(lines))
