@@ -137,14 +137,14 @@ def raw_loop(model, data, steps, batch_size):
     return clock.rates(start)
 
 
-def trainwright_loop(model, data, steps, batch_size):
-    from trainwright import Trainer, TrainerCallback, TrainingArguments
+def hf_api_loop(lib, model, data, steps, batch_size):
+    """The same run through a library with the transformers.Trainer API (trainwright or transformers)."""
 
-    class StepClock(Clock, TrainerCallback):
+    class StepClock(Clock, lib.TrainerCallback):
         pass
 
     with tempfile.TemporaryDirectory() as out:
-        args = TrainingArguments(
+        args = lib.TrainingArguments(
             output_dir=out,
             max_steps=steps,
             per_device_train_batch_size=batch_size,
@@ -158,35 +158,21 @@ def trainwright_loop(model, data, steps, batch_size):
         )
         clock = StepClock()
         start = time.perf_counter()
-        trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[clock])
+        trainer = lib.Trainer(model=model, args=args, train_dataset=data, callbacks=[clock])
         trainer.train()
         return clock.rates(start)
+
+
+def trainwright_loop(model, data, steps, batch_size):
+    import trainwright
+
+    return hf_api_loop(trainwright, model, data, steps, batch_size)
 
 
 def transformers_loop(model, data, steps, batch_size):
     import transformers
 
-    class StepClock(Clock, transformers.TrainerCallback):
-        pass
-
-    with tempfile.TemporaryDirectory() as out:
-        args = transformers.TrainingArguments(
-            output_dir=out,
-            max_steps=steps,
-            per_device_train_batch_size=batch_size,
-            learning_rate=1e-4,
-            save_strategy="no",
-            report_to="none",
-            disable_tqdm=True,
-            logging_steps=500,
-            seed=42,
-            use_cpu=True,
-        )
-        clock = StepClock()
-        start = time.perf_counter()
-        trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[clock])
-        trainer.train()
-        return clock.rates(start)
+    return hf_api_loop(transformers, model, data, steps, batch_size)
 
 
 def bench(name, model_fn, data, steps, batch_size, repeats, peers):
