@@ -14,6 +14,24 @@ from typing import Any
 from trainwright.events import TrainerCallback
 
 
+def add_threads_argument(parser: Any) -> None:
+    """`--threads N` (default 1): small steps on several threads mostly time thread wake-ups."""
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: small steps on several threads time thread wake-ups "
+        "and whatever else runs on the machine; 0 leaves torch's default)",
+    )
+
+
+def apply_threads(threads: int) -> None:
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+
+
 def quiet() -> None:
     """Silence warnings and library logging so the printed table is the whole output."""
     warnings.filterwarnings("ignore")

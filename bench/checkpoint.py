@@ -50,7 +50,7 @@ import tempfile
 import time
 
 import torch
-from _common import MethodTimer, StepClock, load_average, quiet, summary
+from _common import MethodTimer, StepClock, add_threads_argument, apply_threads, load_average, quiet, summary
 from overhead import MLP, TokenData, gpt_model
 from torch.utils.data import DataLoader, Dataset
 
@@ -424,21 +424,14 @@ def main() -> int:
         f"{RESUME_AT} unlogged step losses)",
     )
     p.add_argument("--profile", action="store_true", help="print cProfile of one trainwright save and resume")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch threads (default 1: small steps on several threads time thread wake-ups "
-        "and whatever else runs on the machine; 0 leaves torch's default)",
-    )
+    add_threads_argument(p)
     ns = p.parse_args()
     for flag, value in (("--repeats", ns.repeats), ("--resume-repeats", ns.resume_repeats)):
         if value < 1:
             p.error(f"{flag} must be >= 1, got {value}")
     if ns.log_every < 0:
         p.error(f"--log-every must be >= 0 (0: logging off), got {ns.log_every}")
-    if ns.threads:
-        torch.set_num_threads(ns.threads)
+    apply_threads(ns.threads)
     where = os.environ.get("BENCH_DIR") or tempfile.gettempdir()
     print(
         f"torch {torch.__version__}, threads {torch.get_num_threads()}, {load_average()}, files under {where} "

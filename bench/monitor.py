@@ -48,7 +48,7 @@ import tempfile
 import time
 
 import torch
-from _common import MethodTimer, StepClock, load_average, quiet
+from _common import MethodTimer, StepClock, add_threads_argument, apply_threads, load_average, quiet
 from overhead import MLP, TokenData, VecData
 
 from trainwright import Trainer, TrainingArguments
@@ -278,13 +278,7 @@ def main() -> int:
     p.add_argument("--mlp-steps", type=int, default=1000)
     p.add_argument("--gpt-steps", type=int, default=100)
     p.add_argument("--skip", choices=["overhead", "flops"], help="leave one of the two parts out")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch threads (default 1: small steps on several threads time thread wake-ups "
-        "and whatever else runs on the machine; 0 leaves torch's default)",
-    )
+    add_threads_argument(p)
     ns = p.parse_args()
     if ns.repeats < 1:
         p.error(f"--repeats must be >= 1, got {ns.repeats}")
@@ -294,8 +288,7 @@ def main() -> int:
                 f"{flag} must be >= {2 * LOGGING_STEPS} (one full {LOGGING_STEPS}-step window after the first log), "
                 f"got {value}"
             )
-    if ns.threads:
-        torch.set_num_threads(ns.threads)
+    apply_threads(ns.threads)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {load_average()}")
     summary_lines = []
     if ns.skip != "overhead":

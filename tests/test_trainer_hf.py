@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import tiny_gpt2
 
-from trainwright import Seq2SeqTrainer, Seq2SeqTrainingArguments, Trainer, TrainerCallback
+from trainwright import Seq2SeqTrainer, Seq2SeqTrainingArguments, Trainer
 
 transformers = pytest.importorskip("transformers")
 datasets = pytest.importorskip("datasets")
@@ -71,13 +71,6 @@ def test_group_by_length_trains_on_variable_lengths(make_args):
     rng = np.random.default_rng(1)
     rows = [rng.integers(1, 64, size=int(n)).tolist() for n in rng.integers(4, 30, size=48)]
     data = datasets.Dataset.from_dict({"input_ids": rows, "labels": rows})
-
-    class Lengths(TrainerCallback):
-        def __init__(self):
-            self.widths = []
-
-        def on_step_begin(self, args, state, control, **kw):
-            pass
 
     from trainwright.data import pad_sequence_collator
 

@@ -114,7 +114,6 @@ def save(trainer: Trainer) -> str:
     trainer.store_flos()
     folder = run_dir(trainer)
     name = f"{ckpt.PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-    final_path = os.path.join(folder, name)
     if state.best_global_step is not None:
         best = os.path.join(folder, f"{ckpt.PREFIX_CHECKPOINT_DIR}-{state.best_global_step}")
         if state.best_global_step == state.global_step or os.path.isdir(best):
@@ -155,7 +154,7 @@ def save(trainer: Trainer) -> str:
             folder, args.save_total_limit, best_model_checkpoint=state.best_model_checkpoint
         )
     runtime.barrier()
-    return path if path else final_path
+    return path
 
 
 def _data_state(trainer: Trainer, windows: list[list[float]]) -> dict[str, Any]:
