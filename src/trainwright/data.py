@@ -560,6 +560,17 @@ def make_dataloader(
     )
 
 
+def sampler_geometry(dataloader: Any) -> tuple[int, int] | None:
+    """(batch size, this process's samples per epoch) when the loader cuts its batches in order
+    from a resumable sampler, so that each batch's number of samples is known without reading
+    it (a packed batch's tensors do not show it); None for any other loader."""
+    sampler = getattr(dataloader, "sampler", None)
+    size = getattr(dataloader, "batch_size", None)
+    if not hasattr(sampler, "set_start") or not isinstance(size, int) or size < 1:
+        return None
+    return size, len(sampler)
+
+
 def num_examples(dataloader: Any) -> int:
     """Samples in the dataloader's dataset, else batches x batch size."""
     dataset = getattr(dataloader, "dataset", None)

@@ -6,10 +6,14 @@ all processes). Items are the targets a loss averages over: label tokens that ar
 when the batch carries no labels. With N the items of the whole step (summed over processes) and
 n those of one micro-batch:
 
-- a model that takes ``num_items_in_batch`` (transformers models, or ``accepts_loss_kwargs = True``,
-  or an explicit ``num_items_in_batch`` forward argument) and a ``compute_loss_func`` get N and
-  must return ``sum of item losses / N``; trainwright uses that loss as it is;
-- any other loss is taken to be a mean over its micro-batch's items and is weighted by ``n / N``;
+- a model that uses ``num_items_in_batch`` and a ``compute_loss_func`` get N and must return
+  ``sum of item losses / N``; trainwright uses that loss as it is. A model uses it when it says so
+  (``accepts_loss_kwargs = True``, or an explicit ``num_items_in_batch`` forward argument). A
+  forward that only takes ``**kwargs`` may route them into its loss (transformers' causal LMs do)
+  or drop them (BERT, BART, T5 heads with their own ``CrossEntropyLoss``): that is measured once
+  per ``train()`` by :func:`loss_honours_num_items` on the first micro-batch;
+- any other loss is taken to be a mean over its micro-batch's items and is weighted by ``n / N``
+  (``mean * n / N = sum / N``, the same update);
 - a Trainer subclass that sets ``loss_is_scaled_for_ga = True`` takes responsibility itself.
 
 Under DDP the loss is then multiplied by the world size, since DDP averages gradients.
@@ -18,6 +22,8 @@ Under DDP the loss is then multiplied by the world size, since DDP averages grad
 from __future__ import annotations
 
 import inspect
+import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -26,40 +32,85 @@ import torch.nn.functional as F
 from .data import count_items, is_causal_lm
 
 
-def model_accepts_loss_kwargs(model: torch.nn.Module) -> bool:
-    """Whether the model's forward uses ``num_items_in_batch`` (see the module docstring)."""
+def model_accepts_loss_kwargs(model: torch.nn.Module) -> bool | None:
+    """Whether the model's forward uses ``num_items_in_batch``: True or False when the model says
+    so, None when only a ``**kwargs`` says it might (see :func:`loss_honours_num_items`)."""
     declared = getattr(model, "accepts_loss_kwargs", None)
     if declared is not None:
         return bool(declared)
     params = inspect.signature(model.forward).parameters
     if "num_items_in_batch" in params:
         return True
-    # transformers models route **kwargs into their shared loss functions; a plain module with
-    # **kwargs usually ignores them, so it is not trusted to.
-    is_pretrained = any(c.__name__ == "PreTrainedModel" for c in type(model).__mro__)
-    return is_pretrained and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return False
+
+
+def _loss_of(outputs: Any) -> torch.Tensor | None:
+    if isinstance(outputs, Mapping):
+        return outputs.get("loss")
+    if isinstance(outputs, (tuple, list)):
+        return outputs[0] if outputs else None
+    return outputs if isinstance(outputs, torch.Tensor) else None
+
+
+def loss_honours_num_items(model: torch.nn.Module, inputs: Mapping[str, Any], num_items: torch.Tensor) -> bool:
+    """Measure whether ``model(**inputs, num_items_in_batch=N)`` returns ``sum / N``.
+
+    Two forwards without gradients in eval mode (no dropout, no running-statistics update), with
+    N and 2N: a loss that honours N halves. The model's mode and every RNG are left as they were,
+    so training (and an exact resume) is unaffected. A forward that rejects the argument, or a
+    loss that is not a finite non-zero scalar, counts as not honouring it: the mean is then
+    weighted, which is right for any mean loss.
+    """
+    was_training = model.training
+    device = num_items.device
+    devices = [device.index or 0] if device.type == "cuda" else []
+    try:
+        model.eval()
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            losses = []
+            for n in (num_items, num_items * 2):
+                loss = _loss_of(model(**inputs, num_items_in_batch=n))
+                if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                    return False
+                losses.append(float(loss.float()))
+    except (TypeError, ValueError):
+        return False
+    finally:
+        model.train(was_training)
+    first, second = losses
+    if not (math.isfinite(first) and math.isfinite(second)) or second == 0.0:
+        return False
+    return first / second > 1.5
 
 
 def items_in_batch(inputs: dict[str, Any], label_shift: bool) -> torch.Tensor:
     """Items one batch contributes to the loss: label targets, else samples."""
-    labels = inputs.get("labels") if isinstance(inputs, dict) else None
+    labels = inputs.get("labels") if isinstance(inputs, Mapping) else None
     if isinstance(labels, torch.Tensor):
         return count_items(inputs, shift=label_shift)
     return torch.tensor(batch_size(inputs))
 
 
 def batch_size(inputs: Any) -> int:
-    """Number of samples in a batch (first dimension of its first tensor)."""
+    """Number of samples in a batch: the first dimension of its first tensor, or, for a packed
+    batch (one row of concatenated sequences with ``position_ids``, as made by transformers'
+    ``DataCollatorWithFlattening``), the number of sequences in it."""
     if isinstance(inputs, torch.Tensor):
         return inputs.shape[0] if inputs.dim() else 1
-    if isinstance(inputs, dict):
+    if isinstance(inputs, Mapping):
+        positions = inputs.get("position_ids")
+        packed = "attention_mask" not in inputs and isinstance(positions, torch.Tensor)
+        if packed and positions.dim() == 2 and positions.shape[0] == 1:
+            return int((positions == 0).sum()) or 1  # a packed row: its sequences start at 0
         values = inputs.values()
     elif isinstance(inputs, (list, tuple)):
         values = inputs
     else:
         return 1
     for v in values:
-        if isinstance(v, (torch.Tensor, dict, list, tuple)):
+        if isinstance(v, (torch.Tensor, Mapping, list, tuple)):
             return batch_size(v)
     return 1
 
@@ -82,7 +133,7 @@ class LabelSmoother:
     def __call__(
         self, model_output: Any, labels: torch.Tensor, shift_labels: bool = False, num_items_in_batch=None
     ) -> torch.Tensor:
-        logits = model_output["logits"] if isinstance(model_output, dict) else model_output[0]
+        logits = model_output["logits"] if isinstance(model_output, Mapping) else model_output[0]
         if shift_labels:
             logits = logits[..., :-1, :].contiguous()
             labels = labels[..., 1:].contiguous()

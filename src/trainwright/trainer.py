@@ -13,7 +13,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from itertools import islice
 from typing import Any
 
@@ -34,8 +34,9 @@ from .loss import (
     batch_size,
     items_in_batch,
     label_shift_for,
-    model_accepts_loss_kwargs,
+    loss_honours_num_items,
 )
+from .loss import model_accepts_loss_kwargs as _detect_loss_kwargs
 from .memory import TrainerMemoryTracker
 from .metrics import (
     EvalLoopOutput,
@@ -66,9 +67,17 @@ _MAX_UNLOGGED_STEPS = 4096  # step losses kept for the next log row before they 
 def _nested_detach(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return type(x)(_nested_detach(t) for t in x)
-    if isinstance(x, dict):
-        return type(x)({k: _nested_detach(v) for k, v in x.items()})
+    if isinstance(x, Mapping):
+        return _same_mapping(x, {k: _nested_detach(v) for k, v in x.items()})
     return x.detach() if isinstance(x, torch.Tensor) else x
+
+
+def _same_mapping(original: Mapping, items: dict) -> Mapping:
+    """`items` as the mapping type of `original` (BatchEncoding, UserDict, ...), else a dict."""
+    try:
+        return type(original)(items)
+    except (TypeError, ValueError):
+        return items
 
 
 class Trainer:
@@ -179,7 +188,9 @@ class Trainer:
 
     def _configure_model_facts(self) -> None:
         model = self.model
-        self.model_accepts_loss_kwargs = model_accepts_loss_kwargs(model)
+        detected = _detect_loss_kwargs(model)
+        self._accepts_loss_kwargs = detected is not False  # upstream's reading of **kwargs until measured
+        self._probe_loss_kwargs = detected is None
         self.label_names = (
             list(self.args.label_names) if self.args.label_names is not None else self._find_labels(model)
         )
@@ -298,8 +309,8 @@ class Trainer:
         if device.type == "cpu":
             return inputs  # batches are made on the CPU
         non_blocking = device.type == "cuda"
-        if isinstance(inputs, dict):
-            return type(inputs)({k: self._prepare_inputs(v) for k, v in inputs.items()})
+        if isinstance(inputs, Mapping):
+            return _same_mapping(inputs, {k: self._prepare_inputs(v) for k, v in inputs.items()})
         if isinstance(inputs, (list, tuple)):
             return type(inputs)(self._prepare_inputs(v) for v in inputs)
         if isinstance(inputs, torch.Tensor):
@@ -422,6 +433,7 @@ class Trainer:
         args, runtime = self.args, self.runtime
         train_dataloader = self.get_train_dataloader()
         steps_in_epoch, max_steps, num_train_epochs = self._plan(train_dataloader)
+        self._epoch_geometry = data_utils.sampler_geometry(train_dataloader)
 
         self.state = TrainerState(
             is_local_process_zero=self.is_local_process_zero(),
@@ -435,9 +447,7 @@ class Trainer:
         self.cursor = LoopCursor(steps_in_epoch=steps_in_epoch)
 
         if args.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs
-            )
+            _enable_activation_checkpointing(self.model, args.gradient_checkpointing_kwargs)
         self.model_wrapped = runtime.wrap_model(self.model, args)
         if args.deepspeed:  # DeepSpeed: the engine wraps the model around the (Trainer's) optimizer
             from .deepspeed_engine import DeepSpeedRun
@@ -505,6 +515,8 @@ class Trainer:
                 break
             ran_any = True
             num_items = self._items_in_step(micro_batches)
+            if self._probe_loss_kwargs and num_items is not None:
+                self._measure_loss_kwargs(micro_batches[0], num_items)
             self.control = handler.on_step_begin(args, self.state, self.control)
             last = len(micro_batches) - 1
             for i, inputs in enumerate(micro_batches):
@@ -586,13 +598,46 @@ class Trainer:
             total = self.runtime.all_reduce(total.to(self.runtime.device))
         return total
 
+    def _measure_loss_kwargs(self, inputs: Any, num_items: torch.Tensor) -> None:
+        """Settle, once per run, whether a `**kwargs` forward really divides by `num_items_in_batch`."""
+        self._probe_loss_kwargs = False
+        if self.compute_loss_func is not None or self.label_smoother is not None:
+            return  # the model is not given num_items_in_batch then
+        if not isinstance(inputs, Mapping) or not isinstance(inputs.get("labels"), torch.Tensor):
+            return
+        with self.compute_loss_context_manager():
+            honoured = loss_honours_num_items(
+                self.model, self._prepare_inputs(inputs), num_items.to(self.runtime.device)
+            )
+        if self.runtime.distributed:  # every process must take the same path
+            honoured = not self.runtime.any_process(not honoured)
+        self._accepts_loss_kwargs = honoured
+        logger.info(
+            "%s %s num_items_in_batch: %s.",
+            type(self.model).__name__,
+            "divides its loss by" if honoured else "ignores",
+            "passing it" if honoured else "its mean loss is weighted by each micro-batch's share",
+        )
+
+    @property
+    def model_accepts_loss_kwargs(self) -> bool:
+        """Whether the model's loss uses `num_items_in_batch` (upstream's attribute; may be set)."""
+        return self._accepts_loss_kwargs
+
+    @model_accepts_loss_kwargs.setter
+    def model_accepts_loss_kwargs(self, value: bool) -> None:
+        self._accepts_loss_kwargs = bool(value)
+        self._probe_loss_kwargs = False  # the user's word wins over a measurement
+
     def _advance_cursor(self, inputs: Any) -> None:
         cursor = self.cursor
-        n = batch_size(inputs)
+        geometry = self._epoch_geometry  # batches cut in order from a sampler: sizes known exactly
+        n = min(geometry[0], geometry[1] - cursor.samples_in_epoch) if geometry else batch_size(inputs)
         cursor.batch_in_epoch += 1
         cursor.samples_in_epoch += n
         cursor.samples_seen += n
-        ids = inputs.get("input_ids") if isinstance(inputs, dict) else None
+        is_mapping = isinstance(inputs, Mapping)
+        ids = inputs.get("input_ids") if is_mapping else None
         tokens = ids.numel() if isinstance(ids, torch.Tensor) else 0
         cursor.tokens_seen += tokens
         if self._log_flops_and_tokens:
@@ -600,7 +645,7 @@ class Trainer:
         else:  # upstream's total_flos estimate: 6 x non-embedding parameters x tokens
             cursor.flops_seen += self._flops_per_token * (tokens or n)
         mode = self.args.include_num_input_tokens_seen
-        if mode != "no" and isinstance(inputs, dict):
+        if mode != "no" and is_mapping:
             mask = inputs.get("attention_mask")
             ids = inputs.get("input_ids")
             if mode == "non_padding" and isinstance(mask, torch.Tensor):
@@ -721,6 +766,9 @@ class Trainer:
         return (loss, outputs) if return_outputs else loss
 
     _passes_num_items = False
+    _accepts_loss_kwargs = False
+    _probe_loss_kwargs = False
+    _epoch_geometry: tuple[int, int] | None = None
     _preemption: PreemptionGuard | None = None
     _iterable_restored = False
     _deepspeed: Any = None  # deepspeed_engine.DeepSpeedRun while a `deepspeed` run trains
@@ -985,7 +1033,7 @@ class Trainer:
             if logits is not None and self.preprocess_logits_for_metrics is not None:
                 logits = self.preprocess_logits_for_metrics(logits, labels)
             model_inputs = (
-                inputs.get("input_ids") if "inputs" in include and isinstance(inputs, dict) else None
+                inputs.get("input_ids") if "inputs" in include and isinstance(inputs, Mapping) else None
             )
             gatherer.add(loss=loss, batch_size=n, predictions=logits, labels=labels, inputs=model_inputs)
             if batch_metrics and logits is not None and labels is not None:
@@ -1100,13 +1148,27 @@ def _real_rows(dataloader: Any) -> int | None:
 
 def _take_rows(inputs: Any, keep: int) -> Any:
     """The first `keep` samples of a batch (tensors with a batch dimension are sliced)."""
-    if isinstance(inputs, dict):
-        return type(inputs)({k: _take_rows(v, keep) for k, v in inputs.items()})
+    if isinstance(inputs, Mapping):
+        return _same_mapping(inputs, {k: _take_rows(v, keep) for k, v in inputs.items()})
     if isinstance(inputs, (list, tuple)):
         return type(inputs)(_take_rows(v, keep) for v in inputs)
     if isinstance(inputs, torch.Tensor) and inputs.dim() > 0:
         return inputs[:keep]
     return inputs
+
+
+def _enable_activation_checkpointing(model: nn.Module, kwargs: dict | None) -> None:
+    """transformers >= 5.x names it `activation_checkpointing_enable` (the old name warns)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise ValueError(
+            f"gradient_checkpointing=True: {type(model).__name__} has no gradient_checkpointing_enable(); "
+            "checkpoint its blocks with torch.utils.checkpoint yourself or set gradient_checkpointing=False."
+        )
 
 
 def _is_hf_dataset(dataset: Any) -> bool:
