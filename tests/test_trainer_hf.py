@@ -32,7 +32,7 @@ def test_remove_unused_columns_on_datasets_dataset(make_args):
     assert "eval_loss" in trainer.evaluate()
     batch = next(iter(trainer.get_train_dataloader()))
     assert set(batch) == {"input_ids", "labels"}
-    assert set(trainer._prepare_dataset(lm_dataset()).column_names) == {"input_ids", "labels"}
+    assert set(trainer._remove_unused_columns(lm_dataset()).column_names) == {"input_ids", "labels"}
 
 
 def test_save_model_loads_with_from_pretrained(make_args, tmp_path):

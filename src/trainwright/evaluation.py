@@ -9,6 +9,7 @@ sampler repeated to even out the last batch are then dropped, so metrics equal o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,7 +94,7 @@ def interleave_shards(per_rank: list[Any]) -> Any:
         return None
     if isinstance(first, (list, tuple)):
         return type(first)(interleave_shards([p[i] for p in per_rank]) for i in range(len(first)))
-    if isinstance(first, dict):
+    if isinstance(first, Mapping):
         return {k: interleave_shards([p[k] for p in per_rank]) for k in first}
     arrays = [np.asarray(a) for a in per_rank]
     trailing = tuple(max(a.shape[d] for a in arrays) for d in range(1, arrays[0].ndim))

@@ -182,6 +182,12 @@ class LossWindow:
         del self.steps[:steps]
         return total
 
+    def window_sum(self, steps: int) -> torch.Tensor:
+        """This process's summed step losses since the last log, as a device tensor (no sync)."""
+        if not self.steps[:steps]:
+            return torch.zeros((), device=self.device)
+        return torch.stack([t.reshape(()).float() for t in self.steps[:steps]]).sum()
+
     def values(self, steps: int) -> list[float]:
         return [float(t) for t in self.steps[:steps]]
 

@@ -200,11 +200,13 @@ class Runtime:
             yield
 
     # -- precision --------------------------------------------------------------------------
-    def autocast(self, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    def autocast(
+        self, dtype: torch.dtype | None, cache_enabled: bool | None = None
+    ) -> contextlib.AbstractContextManager:
         """Autocast to `dtype` on this device, or nothing when dtype is None."""
         if dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=dtype)
+        return torch.autocast(device_type=self.device.type, dtype=dtype, cache_enabled=cache_enabled)
 
     def grad_scaler(self, enabled: bool) -> torch.amp.GradScaler | None:
         if not enabled:

@@ -21,10 +21,11 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset
 
+from . import batch_size_finder, debug_underflow, device_cache, fsdp, liger, neftune, training_checkpoint
 from . import data as data_utils
-from . import fsdp, training_checkpoint
 from .args import TrainingArguments
 from .callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCallback
+from .enums import DebugOption
 from .evaluation import EvalGatherer
 from .events import CallbackHandler, TrainerCallback
 from .flops import FlopsEstimator, non_embedding_parameters
@@ -51,6 +52,7 @@ from .metrics import metrics_format as _metrics_format
 from .metrics import save_metrics as _save_metrics
 from .optim import create_optimizer as _create_optimizer
 from .optim import decay_param_groups
+from .past_state import PastState
 from .preemption import PreemptionGuard
 from .reporters import get_reporting_integration_callbacks
 from .runtime import get_runtime
@@ -111,6 +113,11 @@ class Trainer:
         self.runtime = get_runtime(use_cpu=args.use_cpu, backend=args.ddp_backend, timeout_s=args.ddp_timeout)
         if (args.log_level if args.should_log else args.log_level_replica) != "passive":
             logging.getLogger("trainwright").setLevel(args.get_process_log_level())  # replicas: warning
+        if DebugOption.TPU_METRICS_DEBUG in args.debug:
+            raise ValueError(
+                'debug="tpu_metrics_debug" (tpu_metrics_debug=True) prints the TPU metrics report of torch_xla, '
+                "and trainwright does not run on TPUs: remove it from `debug`."
+            )
         if args.full_determinism:
             enable_full_determinism(args.seed)
         else:
@@ -242,32 +249,55 @@ class Trainer:
         return self.runtime.is_main_process
 
     # ------------------------------------------------------------------ data
-    def _train_collator(self, dataset: Any, description: str) -> Callable:
+    def _set_signature_columns_if_needed(self) -> None:
+        """The batch keys the model takes: its forward's named arguments and the label names."""
+        if self._signature_columns is None:
+            keep = data_utils.forward_arg_names(self.model) | set(self.label_names)
+            self._signature_columns = sorted(keep)
+
+    def _remove_unused_columns(self, dataset: Any, description: str | None = None) -> Any:
+        """A `datasets.Dataset` without the columns the model does not take (others unchanged)."""
+        if not self.args.remove_unused_columns or not _is_hf_dataset(dataset):
+            return dataset
+        self._set_signature_columns_if_needed()
+        return data_utils.remove_unused_columns(dataset, set(self._signature_columns), description)
+
+    def _get_collator_with_removed_columns(self, data_collator: Callable, description: str | None = None):
+        """The collator behind a filter that drops the keys the model does not take."""
         if not self.args.remove_unused_columns:
-            return self.data_collator
-        keep = data_utils.forward_arg_names(self.model) | set(self.label_names)
+            return data_collator
+        self._set_signature_columns_if_needed()
+        return data_utils.RemoveColumnsCollator(
+            data_collator, set(self._signature_columns), description=description
+        )
+
+    def _collator_for(self, dataset: Any, description: str) -> Callable:
         if _is_hf_dataset(dataset):
             return self.data_collator  # columns were removed from the dataset itself
-        return data_utils.RemoveColumnsCollator(self.data_collator, keep, description=description)
+        return self._get_collator_with_removed_columns(self.data_collator, description)
 
-    def _prepare_dataset(self, dataset: Any) -> Any:
-        if self.args.remove_unused_columns and _is_hf_dataset(dataset):
-            keep = data_utils.forward_arg_names(self.model) | set(self.label_names)
-            return data_utils.remove_unused_columns(dataset, keep)
-        return dataset
+    def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
+        """The training sampler: resumable (seen samples are skipped, never loaded), by (seed, epoch)."""
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        bs = self.args.per_device_train_batch_size
+        return data_utils.build_sampler(dataset, self.args, self.runtime, train=True, batch_size=bs)
+
+    def _get_eval_sampler(self, eval_dataset: Any) -> torch.utils.data.Sampler | None:
+        """The evaluation sampler: dataset order, dealt across processes."""
+        bs = self.args.per_device_eval_batch_size
+        return data_utils.build_sampler(eval_dataset, self.args, self.runtime, train=False, batch_size=bs)
 
     def get_train_dataloader(self) -> torch.utils.data.DataLoader:
         """Training dataloader: resumable sampler, worker seeds fixed by (seed, epoch)."""
         if self.train_dataset is None:
             raise ValueError("Trainer: training requires a train_dataset.")
-        dataset = self._prepare_dataset(self.train_dataset)
+        dataset = self._remove_unused_columns(self.train_dataset, description="training")
         bs = self.args.per_device_train_batch_size
-        sampler = data_utils.build_sampler(dataset, self.args, self.runtime, train=True, batch_size=bs)
         return data_utils.make_dataloader(
             dataset,
             batch_size=bs,
-            sampler=sampler,
-            collate_fn=self._train_collator(dataset, "training"),
+            sampler=self._get_train_sampler(dataset),
+            collate_fn=self._collator_for(dataset, "training"),
             args=self.args,
             drop_last=self.args.dataloader_drop_last,
             seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
@@ -288,14 +318,13 @@ class Trainer:
         return self._inference_dataloader(test_dataset, "test")
 
     def _inference_dataloader(self, dataset: Any, description: str) -> torch.utils.data.DataLoader:
-        dataset = self._prepare_dataset(dataset)
+        dataset = self._remove_unused_columns(dataset, description=description)
         bs = self.args.per_device_eval_batch_size
-        sampler = data_utils.build_sampler(dataset, self.args, self.runtime, train=False, batch_size=bs)
         return data_utils.make_dataloader(
             dataset,
             batch_size=bs,
-            sampler=sampler,
-            collate_fn=self._train_collator(dataset, description),
+            sampler=self._get_eval_sampler(dataset),
+            collate_fn=self._collator_for(dataset, description),
             args=self.args,
             drop_last=False,
             seed=self.args.seed,
@@ -363,11 +392,15 @@ class Trainer:
         return None
 
     def compute_loss_context_manager(self) -> contextlib.AbstractContextManager:
-        dtype = self._amp_dtype()
-        return _NO_CONTEXT if dtype is None else self.runtime.autocast(dtype)
+        """The context of every forward that computes a loss (training and prediction steps)."""
+        return self.autocast_smart_context_manager()
 
     def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
-        return self.compute_loss_context_manager()
+        """Autocast to bf16/fp16 when mixed precision is on (not over a model cast for full eval)."""
+        dtype = self._amp_dtype(evaluating=not self.model.training)
+        if dtype is None:
+            return _NO_CONTEXT
+        return self.runtime.autocast(dtype, cache_enabled=cache_enabled)
 
     # ------------------------------------------------------------------ train
     def train(
@@ -400,9 +433,16 @@ class Trainer:
                 " needs an eval_dataset: pass one to the Trainer or set eval_strategy='no'."
             )
         resume_path = training_checkpoint.resolve_resume_path(self, resume_from_checkpoint)
+        self._start_train_hooks()
+        inner_training_loop = batch_size_finder.inner_loop(self, resume_path)  # auto_find_batch_size
         try:
             with PreemptionGuard(args.preemption_signals) as self._preemption:
-                output = self._inner_training_loop(resume_path, trial, ignore_keys_for_eval)
+                output = inner_training_loop(
+                    args=args,
+                    resume_from_checkpoint=resume_path,
+                    trial=trial,
+                    ignore_keys_for_eval=ignore_keys_for_eval,
+                )
             if self._preemption.requested is not None:
                 logger.warning(
                     "Preempted by %s: checkpoint written, exiting.", self._preemption.requested.name
@@ -410,29 +450,71 @@ class Trainer:
                 raise SystemExit(0)
             return output
         finally:
+            if self._neftune_hook is not None:  # NEFTune perturbs this call's training only
+                self._neftune_hook.remove()
+                self._neftune_hook = None
             self.is_in_train = False
             self._memory_tracker.stop("train")  # no-op when already stopped by a finished run
 
-    def _plan(self, dataloader: Any) -> tuple[int, int, int]:
-        """(micro-batches per epoch or 0, max_steps, num_train_epochs) for this run."""
+    def _start_train_hooks(self) -> None:
+        """Patches and hooks the arguments ask for on the model being trained: Liger kernels, the
+        inf/nan detector (kept afterwards, as upstream's) and NEFTune (removed when train() ends)."""
         args = self.args
+        if args.use_liger_kernel:
+            liger.apply(self.model, args.liger_kernel_config, self.runtime.device)
+        if DebugOption.UNDERFLOW_OVERFLOW in args.debug:
+            self._overflow_detector = debug_underflow.watch(self.model, self._overflow_detector)
+        if args.neftune_noise_alpha is not None:
+            self._neftune_hook = neftune.activate(self.model, args.neftune_noise_alpha)
+
+    def get_total_train_batch_size(self, args: TrainingArguments) -> int:
+        """Samples per optimizer step over every process: batch x accumulation x processes."""
+        return args.per_device_train_batch_size * args.gradient_accumulation_steps * self.runtime.world_size
+
+    def set_initial_training_values(
+        self, args: TrainingArguments, dataloader: Any
+    ) -> tuple[int, int, int, int, int, int, int]:
+        """(num_train_epochs, update steps per epoch, examples, train samples, total batch size,
+        micro-batches per epoch, max_steps), as upstream computes them."""
+        total_batch = self.get_total_train_batch_size(args)
         ga = args.gradient_accumulation_steps
         if data_utils.has_length(dataloader):
             batches = len(dataloader)
             updates_per_epoch = max(math.ceil(batches / ga), 1)
+            examples = self.num_examples(dataloader)
             if args.max_steps > 0:
                 max_steps = args.max_steps
                 epochs = math.ceil(max_steps / updates_per_epoch)
+                samples = max_steps * total_batch
             else:
                 max_steps = math.ceil(args.num_train_epochs * updates_per_epoch)
                 epochs = math.ceil(args.num_train_epochs)
-            return batches, max_steps, epochs
-        return 0, args.max_steps, 2**62
+                samples = math.ceil(examples * args.num_train_epochs)
+            return epochs, updates_per_epoch, examples, samples, total_batch, batches, max_steps
+        if args.max_steps <= 0:
+            raise ValueError(
+                "max_steps must be set to a positive value when the training dataloader has no length "
+                f"(got {args.max_steps})."
+            )
+        samples = args.max_steps * total_batch
+        # steps_in_epoch 0: the epoch has no known end, it runs until max_steps
+        return 2**62, args.max_steps, samples, samples, total_batch, 0, args.max_steps
 
-    def _inner_training_loop(self, resume_path: str | None, trial: Any, ignore_keys_for_eval) -> TrainOutput:
-        args, runtime = self.args, self.runtime
+    def _inner_training_loop(
+        self,
+        batch_size: int | None = None,
+        args: TrainingArguments | None = None,
+        resume_from_checkpoint: str | None = None,
+        trial: Any = None,
+        ignore_keys_for_eval: list[str] | None = None,
+    ) -> TrainOutput:
+        """Set up the run (data, wrapping, optimizer, schedule, resume), then loop over epochs."""
+        args = args if args is not None else self.args
+        runtime, resume_path = self.runtime, resume_from_checkpoint
         train_dataloader = self.get_train_dataloader()
-        steps_in_epoch, max_steps, num_train_epochs = self._plan(train_dataloader)
+        num_train_epochs, _, num_examples, _, _, steps_in_epoch, max_steps = self.set_initial_training_values(
+            args, train_dataloader
+        )
         self._epoch_geometry = data_utils.sampler_geometry(train_dataloader)
 
         self.state = TrainerState(
@@ -448,18 +530,18 @@ class Trainer:
 
         if args.gradient_checkpointing:
             _enable_activation_checkpointing(self.model, args.gradient_checkpointing_kwargs)
-        self.model_wrapped = runtime.wrap_model(self.model, args)
+        self.model_wrapped = self._wrap_model(self.model)
         if args.deepspeed:  # DeepSpeed: the engine wraps the model around the (Trainer's) optimizer
             from .deepspeed_engine import DeepSpeedRun
 
             self._deepspeed = DeepSpeedRun.start(self)
-        else:
-            self.create_optimizer()  # after wrapping: FSDP2 replaces the parameters with sharded ones
+            self.create_scheduler(max_steps, self.optimizer)
+        else:  # after wrapping: FSDP2 replaces the parameters with sharded ones
+            self.create_optimizer_and_scheduler(num_training_steps=max_steps)
         if args.torch_compile:
             self.model_wrapped = torch.compile(
                 self.model_wrapped, backend=args.torch_compile_backend, mode=args.torch_compile_mode
             )
-        self.create_scheduler(max_steps, self.optimizer)
         # DeepSpeed's engine does its own fp16 loss scaling.
         self.scaler = runtime.grad_scaler(bool(args.fp16) and self._deepspeed is None)
         self._plateau = self._scheduler_is_plateau()  # checked once, not every step
@@ -467,6 +549,14 @@ class Trainer:
             training_checkpoint.restore(self, resume_path, train_dataloader)
         self.cursor.first_step_of_call = self.cursor.steps_applied
         self._samples_at_start = self.cursor.samples_seen
+        self._tokens_at_start = self.cursor.tokens_seen
+        self._input_tokens_seen_at_start = self.state.num_input_tokens_seen
+        self._empty_cache = (
+            device_cache.EmptyCacheEvery(args.torch_empty_cache_steps, runtime.device)
+            if args.torch_empty_cache_steps
+            else None
+        )
+        self._past_state = PastState(args.past_index) if args.past_index >= 0 else None
 
         handler = self.callback_handler
         handler.model, handler.optimizer, handler.lr_scheduler = self.model, self.optimizer, self.lr_scheduler
@@ -475,12 +565,16 @@ class Trainer:
         self._losses.load(self.cursor.loss_window)
         self._grad_norm: torch.Tensor | float | None = None
         self._last_lr: float | None = None
-        self._log_flops_and_tokens = self._wants_flops()
+        self._custom_lse = type(self)._maybe_log_save_evaluate is not Trainer._maybe_log_save_evaluate
+        # an overridden floating_point_ops is called every micro-batch, as upstream
+        self._log_flops_and_tokens = self._wants_flops() or (
+            type(self).floating_point_ops is not Trainer.floating_point_ops
+        )
         self._flops_per_token = 6 * non_embedding_parameters(self.model)
         logger.info(
             "***** Running training *****  examples/epoch=%s  epochs=%s  batch/device=%s  accumulation=%s  "
             "processes=%s  optimizer steps=%s  trainable parameters=%s",
-            data_utils.num_examples(train_dataloader) if steps_in_epoch else "?",
+            num_examples if steps_in_epoch else "?",
             num_train_epochs,
             args.per_device_train_batch_size,
             args.gradient_accumulation_steps,
@@ -489,10 +583,10 @@ class Trainer:
             self.get_num_trainable_parameters(),
         )
         self.optimizer.zero_grad(set_to_none=True)
-        start_time = time.time()
+        start_time = self._start_time = time.time()
         self.control = handler.on_train_begin(args, self.state, self.control)
         if args.eval_on_start and resume_path is None:
-            self._evaluate(trial, ignore_keys_for_eval, skip_scheduler=True)
+            self._determine_best_metric(self._evaluate(trial, ignore_keys_for_eval, skip_scheduler=True), trial)
 
         for epoch in range(self.cursor.epoch, num_train_epochs):
             if self.state.global_step >= max_steps:
@@ -506,15 +600,16 @@ class Trainer:
         args, cursor, handler = self.args, self.cursor, self.callback_handler
         ga = args.gradient_accumulation_steps
         batches = self._epoch_batches(dataloader, epoch)
+        if self._past_state is not None:  # past_index: the memory starts empty each epoch (v4)
+            self._past_state.reset()
         self.control = handler.on_epoch_begin(args, self.state, self.control)
         ran_any = exhausted = False
         while True:
-            micro_batches = list(islice(batches, ga))
+            micro_batches, num_items = self.get_batch_samples(batches, ga, self.runtime.device)
             if not micro_batches:
                 exhausted = True
                 break
             ran_any = True
-            num_items = self._items_in_step(micro_batches)
             if self._probe_loss_kwargs and num_items is not None:
                 self._measure_loss_kwargs(micro_batches[0], num_items)
             self.control = handler.on_step_begin(args, self.state, self.control)
@@ -542,7 +637,7 @@ class Trainer:
             self.control = handler.on_step_end(args, self.state, self.control)
             if self._preempted():
                 self.control.should_save = self.control.should_training_stop = True
-            self._maybe_log_save_evaluate(trial, ignore_keys_for_eval)
+            self._maybe_log_save_evaluate(*self._log_save_evaluate_args(trial, epoch, ignore_keys_for_eval))
             if self.control.should_epoch_stop or self.control.should_training_stop:
                 break
             if self.state.global_step >= max_steps:
@@ -556,7 +651,7 @@ class Trainer:
             cursor.epoch, cursor.batch_in_epoch, cursor.samples_in_epoch = epoch + 1, 0, 0
         self._sync_state()
         self.control = handler.on_epoch_end(args, self.state, self.control)
-        self._maybe_log_save_evaluate(trial, ignore_keys_for_eval)
+        self._maybe_log_save_evaluate(*self._log_save_evaluate_args(trial, epoch, ignore_keys_for_eval))
 
     def _epoch_batches(self, dataloader, epoch: int):
         """This epoch's batches, starting after those a resumed run already consumed."""
@@ -586,6 +681,14 @@ class Trainer:
         guard = self._preemption
         requested = guard is not None and guard.requested is not None
         return self.runtime.any_process(requested) if self.runtime.distributed else requested
+
+    def get_batch_samples(
+        self, epoch_iterator: Any, num_batches: int, device: torch.device | None = None
+    ) -> tuple[list, torch.Tensor | None]:
+        """The next optimizer step's micro-batches (up to `num_batches`, on the CPU) and the items
+        they hold over every process (None when the step is one micro-batch on one process)."""
+        micro_batches = list(islice(epoch_iterator, num_batches))
+        return micro_batches, self._items_in_step(micro_batches) if micro_batches else None
 
     def _items_in_step(self, micro_batches: list) -> torch.Tensor | None:
         """Items (label targets, else samples) in this optimizer step over every process; None when
@@ -695,9 +798,13 @@ class Trainer:
             model.train()
         micro_items = items_in_batch(inputs, self._label_shift) if num_items_in_batch is not None else None
         inputs = self._prepare_inputs(inputs)
+        if self._past_state is not None:
+            inputs = self._past_state.feed(inputs)
         with self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         del inputs
+        if self._empty_cache is not None:  # after the forward, before the backward, as upstream
+            self._empty_cache(self.state.global_step)
         loss = self._scale_for_accumulation(loss, micro_items, num_items_in_batch)
         if self._deepspeed is not None:
             self._deepspeed.backward(loss)
@@ -746,6 +853,8 @@ class Trainer:
         if passes:
             inputs = {**inputs, "num_items_in_batch": num_items_in_batch.to(self.runtime.device)}
         outputs = model(**inputs)
+        if self._past_state is not None:
+            self._past_state.keep(outputs)
         if labels is not None:
             if self.compute_loss_func is not None:
                 loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
@@ -769,38 +878,75 @@ class Trainer:
     _accepts_loss_kwargs = False
     _probe_loss_kwargs = False
     _epoch_geometry: tuple[int, int] | None = None
+    _signature_columns: list[str] | None = None
+    _start_time: float | None = None
     _preemption: PreemptionGuard | None = None
     _iterable_restored = False
     _deepspeed: Any = None  # deepspeed_engine.DeepSpeedRun while a `deepspeed` run trains
+    _train_batch_size: int | None = None  # auto_find_batch_size: the per-device size that fitted
+    _neftune_hook: Any = None  # NEFTune's forward hook while train() runs
+    _overflow_detector: Any = None  # debug="underflow_overflow": a debug_underflow.DebugUnderflowOverflow
+    _empty_cache: device_cache.EmptyCacheEvery | None = None  # torch_empty_cache_steps
+    _past_state: PastState | None = None  # past_index >= 0: the memory fed back as `mems`
+    _tokens_at_start = 0  # cursor.tokens_seen when this train() call began (include_tokens_per_second)
+    _input_tokens_seen_at_start = 0  # state.num_input_tokens_seen then (per-row train_tokens_per_second)
 
     # ------------------------------------------------------------------ log / evaluate / save
-    def _maybe_log_save_evaluate(self, trial, ignore_keys_for_eval) -> None:
+    def _log_save_evaluate_args(self, trial: Any, epoch: int, ignore_keys_for_eval: Any) -> tuple:
+        # tr_loss is only materialised for a subclass that overrides the method (it costs a stack)
+        tr_loss = self._losses.window_sum(self.cursor.steps_since_log) if self._custom_lse else None
+        return (
+            tr_loss,
+            self._grad_norm,
+            self.model_wrapped,
+            trial,
+            epoch,
+            ignore_keys_for_eval,
+            self._start_time,
+            self._last_lr,
+        )
+
+    def _maybe_log_save_evaluate(
+        self,
+        tr_loss: torch.Tensor | None,
+        grad_norm: torch.Tensor | float | None,
+        model: nn.Module,
+        trial: Any,
+        epoch: float,
+        ignore_keys_for_eval: list[str] | None,
+        start_time: float,
+        learning_rate: float | None = None,
+    ) -> None:
+        """Log the training window, evaluate and save when `control` says so (upstream's signature;
+        the window's losses are read from the Trainer's own loss window, `tr_loss` is informative)."""
         if self.control.should_log and self.cursor.steps_since_log > 0:
-            self._log_training_window()
+            self._log_training_window(grad_norm, learning_rate, start_time)
         elif self.cursor.steps_since_log >= _MAX_UNLOGGED_STEPS:
             self._fold_loss_window()  # bounded window and data_state.json without logging
         if self.control.should_evaluate:
-            is_new_best = self._evaluate(trial, ignore_keys_for_eval)
+            metrics = self._evaluate(trial, ignore_keys_for_eval)
+            is_new_best = self._determine_best_metric(metrics=metrics, trial=trial)
             if self.args.save_strategy == "best":
                 self.control.should_save = is_new_best
         if self.control.should_save:
-            self._save_checkpoint()
+            self._save_checkpoint(model, trial)
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
 
-    def _log_training_window(self) -> None:
+    def _log_training_window(
+        self, grad_norm: Any = None, learning_rate: float | None = None, start_time: float | None = None
+    ) -> None:
         cursor = self.cursor
         loss_sum = self._losses.step_sum(
             cursor.steps_since_log, self.runtime, self.args.logging_nan_inf_filter
         )
         logs: dict[str, float] = {"loss": loss_sum / cursor.steps_since_log}
-        if self._grad_norm is not None:
-            gn = self._grad_norm
-            logs["grad_norm"] = gn.item() if isinstance(gn, torch.Tensor) else float(gn)
-        if self._last_lr is not None:
-            logs["learning_rate"] = float(self._last_lr)
+        if grad_norm is not None:
+            logs["grad_norm"] = grad_norm.item() if isinstance(grad_norm, torch.Tensor) else float(grad_norm)
+        if learning_rate is not None:
+            logs["learning_rate"] = float(learning_rate)
         cursor.loss_logged_total += loss_sum
         cursor.steps_since_log = 0
-        self.log(logs)
+        self.log(logs, start_time)
 
     def _fold_loss_window(self) -> None:
         cursor = self.cursor
@@ -827,30 +973,34 @@ class Trainer:
             logs["epoch"] = self.state.epoch
         if self.args.include_num_input_tokens_seen != "no":
             logs["num_input_tokens_seen"] = self.state.num_input_tokens_seen
-            if start_time is not None:
-                runtime = time.time() - start_time
-                logs["train_tokens_per_second"] = round(
-                    self.state.num_input_tokens_seen / max(runtime, 1e-9), 3
-                )
+            if start_time is not None:  # v5: this train() call's tokens over its time so far
+                tokens = self.state.num_input_tokens_seen - self._input_tokens_seen_at_start
+                logs.update(speed_metrics("train", start_time, num_tokens=tokens))
         self.control = self.callback_handler.on_pre_log(self.args, self.state, self.control, logs=logs)
         self.state.log_history.append({**logs, "step": self.state.global_step})
         self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs=logs)
 
-    def _evaluate(self, trial, ignore_keys_for_eval, skip_scheduler: bool = False) -> bool:
-        metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
+    def _evaluate(self, trial: Any, ignore_keys_for_eval: Any, skip_scheduler: bool = False) -> dict[str, float]:
+        """Evaluate, report to the HP search, step a ReduceLROnPlateau scheduler; the metrics."""
+        oom_guard = (
+            batch_size_finder.evaluation_oom_is_an_error() if self.args.auto_find_batch_size else _NO_CONTEXT
+        )
+        with oom_guard:
+            metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
         if trial is not None and self.hp_search_backend is not None:
             from .hpo import report_to_hp_search
 
             report_to_hp_search(self, trial, metrics)
         if self._scheduler_is_plateau() and not skip_scheduler:
             self.lr_scheduler.step(metrics[self._metric_key()])
-        return self._determine_best_metric(metrics)
+        return metrics
 
     def _metric_key(self) -> str:
         name = self.args.metric_for_best_model or "loss"
         return name if name.startswith("eval_") else f"eval_{name}"
 
-    def _determine_best_metric(self, metrics: dict[str, float]) -> bool:
+    def _determine_best_metric(self, metrics: dict[str, float], trial: Any = None) -> bool:
+        """Record `metrics` in best_metric / best_global_step when they beat it; True when new best."""
         if self.args.metric_for_best_model is None:
             return False
         key = self._metric_key()
@@ -873,8 +1023,31 @@ class Trainer:
         training_checkpoint.save(self)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Write the model (safetensors), the processing class and training_args.json."""
+        """Write the model (safetensors), the processing class and training_args.json.
+
+        Every process calls it (a sharded model is gathered first); the writing process calls
+        `_save`. Checkpoints write their weights through it too (`_internal_call=True`)."""
         training_checkpoint.save_model(self, output_dir or self.args.output_dir)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Write weights (`state_dict`, else the model's), processing class and training_args.json."""
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        os.makedirs(output_dir, exist_ok=True)
+        training_checkpoint.write_model(self, output_dir, state_dict=state_dict)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        """Load a checkpoint's weights into `model` (default: the Trainer's)."""
+        training_checkpoint.load_weights(self, resume_from_checkpoint, model if model is not None else self.model)
+
+    def _load_best_model(self) -> None:
+        """Load the weights of `state.best_model_checkpoint` (load_best_model_at_end)."""
+        best = self.state.best_model_checkpoint
+        logger.info("Loading the best model from %s (score: %s).", best, self.state.best_metric)
+        self._load_from_checkpoint(best)
+
+    def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module:
+        """The model as training runs it: DDP or FSDP2 over several processes, else itself."""
+        return self.runtime.wrap_model(model, self.args) if training else model
 
     def save_state(self) -> None:
         """Write trainer_state.json to output_dir (main process only)."""
@@ -897,20 +1070,27 @@ class Trainer:
     def _finalize_training(self, start_time: float) -> TrainOutput:
         cursor, args = self.cursor, self.args
         if cursor.steps_since_log > 0 and args.logging_strategy != "no":
-            self._log_training_window()  # the last partial window gets its row too
+            self._log_training_window(self._grad_norm, self._last_lr, start_time)  # the last partial window
         elif cursor.steps_since_log > 0:  # unlogged steps still count in train_loss
             self._fold_loss_window()
         train_loss = cursor.loss_logged_total / max(cursor.steps_attempted, 1)
         steps_run = cursor.steps_applied - cursor.first_step_of_call
         samples_run = (cursor.samples_seen - self._samples_at_start) * self.runtime.world_size
-        metrics = speed_metrics("train", start_time, num_samples=samples_run, num_steps=steps_run)
+        tokens_run = (cursor.tokens_seen - self._tokens_at_start) * self.runtime.world_size
+        metrics = speed_metrics(
+            "train",
+            start_time,
+            num_samples=samples_run,
+            num_steps=steps_run,
+            num_tokens=tokens_run if args.include_tokens_per_second else None,  # v4
+        )
         self.store_flos()
         metrics["total_flos"] = self.state.total_flos
         metrics["train_loss"] = train_loss
         self._memory_tracker.stop_and_update_metrics("train", metrics)
         self.log(metrics)
         if args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
-            training_checkpoint.load_best_model(self)
+            self._load_best_model()
         training_checkpoint.cleanup_after_training(self)
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         return TrainOutput(self.state.global_step, train_loss, metrics)
@@ -999,6 +1179,7 @@ class Trainer:
             prediction_loss_only = args.prediction_loss_only
         model = self._model_for_eval()
         model.eval()
+        training_past = self._past_state.swap() if self._past_state is not None else None  # its own memory
         if hasattr(self.optimizer, "eval") and callable(self.optimizer.eval):
             self.optimizer.eval()
         self.callback_handler.eval_dataloader = dataloader
@@ -1067,6 +1248,8 @@ class Trainer:
         for key in list(metrics):
             if not key.startswith(f"{metric_key_prefix}_"):
                 metrics[f"{metric_key_prefix}_{key}"] = metrics.pop(key)
+        if self._past_state is not None:
+            self._past_state.swap(training_past)
         return EvalLoopOutput(
             predictions=result.predictions,
             label_ids=result.label_ids,
@@ -1086,6 +1269,8 @@ class Trainer:
         return_loss = inputs.get("return_loss")
         loss_without_labels = bool(return_loss) if return_loss is not None else self.can_return_loss
         inputs = self._prepare_inputs(inputs)
+        if self._past_state is not None:
+            inputs = self._past_state.feed(inputs)
         if ignore_keys is None:
             config = getattr(model, "config", None)
             ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", ["past_key_values"]) or [])
@@ -1093,8 +1278,10 @@ class Trainer:
         if has_labels:
             found = tuple(_nested_detach(inputs.get(name)) for name in self.label_names)
             labels = found[0] if len(found) == 1 else found
-        with torch.no_grad(), self.runtime.autocast(self._amp_dtype(evaluating=True)):
+        with torch.no_grad(), self.compute_loss_context_manager():
             if has_labels or loss_without_labels:
+                if prediction_loss_only and liger.is_applied(model):  # Liger skips the logits (upstream)
+                    inputs = {**inputs, "skip_logits": True}
                 loss, outputs = self.compute_loss(model, inputs, return_outputs=True)
                 loss = loss.detach().mean()
                 skip = set(ignore_keys) | {"loss"}
@@ -1105,6 +1292,8 @@ class Trainer:
             else:
                 loss = None
                 outputs = model(**inputs)
+                if self._past_state is not None:  # no loss in front: the memory is one place earlier (v4)
+                    self._past_state.keep(outputs, without_loss=True)
                 if isinstance(outputs, dict):
                     logits = tuple(v for k, v in outputs.items() if k not in set(ignore_keys))
                 else:

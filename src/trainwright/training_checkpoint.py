@@ -128,8 +128,10 @@ def save(trainer: Trainer) -> str:
     engine_weights = engine.full_state_dict() if engine is not None else None  # ZeRO-3: every rank gathers
 
     def write(tmp: str) -> None:
-        if main:
-            _write_model(trainer, tmp, weights=not sharded, state_dict=engine_weights)
+        if main and sharded:  # the weights are DCP folders (below): the folder still describes the model
+            write_model(trainer, tmp, weights=False)
+        elif main:  # through the overridable Trainer._save, as upstream's save_model(_internal_call=True)
+            trainer._save(tmp, state_dict=engine_weights)
         if engine is not None and not args.save_only_model:
             engine.save(tmp)
         if sharded:
@@ -177,9 +179,10 @@ def _data_state(trainer: Trainer, windows: list[list[float]]) -> dict[str, Any]:
     return out
 
 
-def _write_model(
+def write_model(
     trainer: Trainer, directory: str, weights: bool = True, state_dict: dict | None = None
 ) -> None:
+    """Weights (or, without them, the model's config), training_args.json and the processing class."""
     if weights:
         ckpt.save_model_weights(
             trainer.model, directory, max_shard_size=trainer.args.save_max_shard_size, state_dict=state_dict
@@ -205,8 +208,7 @@ def save_model(trainer: Trainer, output_dir: str) -> None:
     if trainer.runtime.is_main_process or (
         trainer.args.save_on_each_node and trainer.runtime.is_local_main_process
     ):
-        os.makedirs(output_dir, exist_ok=True)
-        _write_model(trainer, output_dir, state_dict=state_dict)
+        trainer._save(output_dir, state_dict=state_dict)
     trainer.runtime.barrier()
 
 
@@ -241,7 +243,7 @@ def restore(trainer: Trainer, path: str, train_dataloader: Any) -> None:
             f"folders ({fsdp.MODEL_DIR}/) a sharded model loads. Resume it without fsdp."
         )
     else:
-        ckpt.load_model_weights(trainer.model, path)
+        trainer._load_from_checkpoint(path)
         if _has(path, ckpt.OPTIMIZER_NAME) and _has(path, ckpt.SCHEDULER_NAME):
             trainer.optimizer.load_state_dict(ckpt.safe_torch_load(os.path.join(path, ckpt.OPTIMIZER_NAME)))
             trainer.lr_scheduler.load_state_dict(
@@ -379,13 +381,12 @@ def _cursor_from_global_step(trainer: Trainer, global_step: int) -> LoopCursor:
     return cursor
 
 
-def load_best_model(trainer: Trainer) -> None:
-    best = trainer.state.best_model_checkpoint
-    logger.info("Loading the best model from %s (score: %s).", best, trainer.state.best_metric)
-    if fsdp.has_sharded_checkpoint(best):
-        fsdp.load_sharded(trainer.model, None, best)
+def load_weights(trainer: Trainer, path: str, model: Any) -> None:
+    """A checkpoint's weights into `model`: DCP folders (FSDP) or safetensors / bin files."""
+    if fsdp.has_sharded_checkpoint(path):
+        fsdp.load_sharded(model, None, path)
     else:
-        ckpt.load_model_weights(trainer.model, best)
+        ckpt.load_model_weights(model, path)
 
 
 def cleanup_after_training(trainer: Trainer) -> None:
