@@ -179,6 +179,7 @@ class Trainer:
         self.scaler: torch.amp.GradScaler | None = None
         self.is_in_train = False
         self.hp_search_backend = None
+        self.neftune_noise_alpha = args.neftune_noise_alpha
         self._flops: FlopsEstimator | None = None
         self._trial = None
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
@@ -247,6 +248,74 @@ class Trainer:
 
     def is_world_process_zero(self) -> bool:
         return self.runtime.is_main_process
+
+    # ------------------------------------------------------------------ upstream's public facts
+    is_fsdp_xla_enabled = is_fsdp_xla_v1_enabled = is_fsdp_xla_v2_enabled = False  # no TPU/XLA engine
+    is_distributed_loading_by_transformers = False
+    hp_name: Callable | None = None
+
+    @property
+    def tokenizer(self) -> Any:
+        """Deprecated name of `processing_class` (v4)."""
+        warnings.warn("Trainer.tokenizer is deprecated: use Trainer.processing_class.", FutureWarning, stacklevel=2)
+        return self.processing_class
+
+    @tokenizer.setter
+    def tokenizer(self, value: Any) -> None:
+        warnings.warn("Trainer.tokenizer is deprecated: use Trainer.processing_class.", FutureWarning, stacklevel=2)
+        self.processing_class = value
+
+    @property
+    def accelerator(self) -> Any:
+        """Process facts and collectives under accelerate's names (see accelerator_facade.py)."""
+        from .accelerator_facade import RuntimeAccelerator
+
+        return RuntimeAccelerator(self.runtime)
+
+    @property
+    def gather_function(self) -> Callable:
+        return self.accelerator.gather
+
+    @property
+    def is_deepspeed_enabled(self) -> bool:
+        return bool(self.args.deepspeed)
+
+    @property
+    def is_fsdp_enabled(self) -> bool:
+        return bool(self.args.fsdp)
+
+    @property
+    def deepspeed(self) -> Any:
+        """The DeepSpeed engine while a `deepspeed` run trains, else None."""
+        return self._deepspeed.engine if self._deepspeed is not None else None
+
+    @property
+    def is_model_parallel(self) -> bool:
+        """Whether the model is spread over several devices by a `device_map`."""
+        device_map = getattr(self.model, "hf_device_map", None)
+        return isinstance(device_map, dict) and len(set(device_map.values())) > 1
+
+    @property
+    def place_model_on_device(self) -> bool:
+        return not self.is_model_parallel and not (self.args.fp16_full_eval or self.args.bf16_full_eval)
+
+    @property
+    def current_flos(self) -> float:
+        """FLOPs this process has trained on so far (total_flos is summed over processes)."""
+        return self.cursor.flops_seen
+
+    def get_tp_size(self) -> int:
+        return 1  # no tensor parallelism
+
+    def get_cp_size(self) -> int:
+        return 1  # no context parallelism
+
+    def get_sp_size(self) -> int:
+        return 1  # no sequence parallelism
+
+    def end(self) -> None:
+        """Destroy the process group, once everything that needs the other processes is done."""
+        self.runtime.shutdown()
 
     # ------------------------------------------------------------------ data
     def _set_signature_columns_if_needed(self) -> None:
@@ -378,6 +447,22 @@ class Trainer:
         if self.optimizer is None:
             raise ValueError("The optimizer has not been created yet.")
         return get_learning_rates(self.optimizer)
+
+    def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
+        """Names of the parameters that get weight decay (all but biases and norm weights)."""
+        from .optim import get_decay_parameter_names
+
+        return get_decay_parameter_names(model)
+
+    def get_optimizer_group(self, param: Any = None) -> Any:
+        """The optimizer's parameter group holding `param`, or every group's parameters."""
+        if self.optimizer is None:
+            raise ValueError("The optimizer has not been created yet: call create_optimizer() or train() first.")
+        if param is not None:
+            for group in self.optimizer.param_groups:
+                if any(p is param for p in group["params"]):
+                    return group
+        return [group["params"] for group in self.optimizer.param_groups]
 
     def get_num_trainable_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
