@@ -102,17 +102,26 @@ V4_V5_CHOICES: dict[str, str] = {
     "(MPS is picked automatically).",
     "adafactor": 'Old flag (v4): maps onto optim="adafactor" with a warning.',
     "include_inputs_for_metrics": 'Old flag (v4): adds "inputs" to include_for_metrics with a warning.',
-    "include_tokens_per_second": "Kept (v4; v5 implies it from include_num_input_tokens_seen).",
+    "include_tokens_per_second": (
+        "Kept (v4): adds train_tokens_per_second (input_ids tokens of this train() call over its runtime) "
+        "to the final train metrics. v5's per-row train_tokens_per_second comes with include_num_input_tokens_seen."
+    ),
     "torchdynamo": "Old name (v4): maps onto torch_compile_backend with a warning.",
     "push_to_hub_model_id": "Old names (v4) push_to_hub_model_id/_organization/_token map onto hub_model_id "
     "and hub_token with a warning.",
     "fsdp_min_num_params": "Old names (v4) fsdp_min_num_params and fsdp_transformer_layer_cls_to_wrap move "
     "into fsdp_config with a warning.",
-    "tpu_metrics_debug": 'Old flag (v4): adds "tpu_metrics_debug" to debug with a warning.',
+    "tpu_metrics_debug": (
+        'Old flag (v4): adds "tpu_metrics_debug" to debug with a warning. The Trainer refuses that option: '
+        "trainwright does not run on TPUs (torch_xla), whose metrics it would print."
+    ),
     "jit_mode_eval": "Removed in v5; accepted, and a non-default value warns that it has no effect (likewise "
     "use_legacy_prediction_loop, fp16_opt_level, tpu_num_cores, mp_parameters).",
     "overwrite_output_dir": "Kept (v4, removed in v5) for scripts that read it; the Trainer does not use it.",
-    "past_index": "Accepted (v4, removed in v5).",
+    "past_index": (
+        "Honoured as in v4 (removed in v5): the output at past_index is fed back as `mems`, the memory starting "
+        "empty each epoch and each evaluation; an evaluation during training leaves the training memory as it was."
+    ),
     "ray_scope": "Kept (v4, removed in v5) for hyperparameter-search backends.",
     "parallelism_config": "Accepted as a name (v5); a value is an error: accelerate's ParallelismConfig is "
     "not supported.",
@@ -722,6 +731,16 @@ class TrainingArguments:
         if not _is_number(self.num_train_epochs) or (self.max_steps <= 0 and self.num_train_epochs <= 0):
             raise self._invalid("num_train_epochs", "expected a number > 0 (or max_steps > 0)")
         self._check_int("torch_empty_cache_steps", 1, optional=True)
+        self._check_int("past_index", -1)
+        alpha = self.neftune_noise_alpha
+        if alpha is not None and (not _is_number(alpha) or alpha <= 0):
+            raise self._invalid(
+                "neftune_noise_alpha", "expected None or a number > 0 (the paper used 5 to 15)"
+            )
+        if self.liger_kernel_config and not self.use_liger_kernel:
+            _warn_once(
+                "liger_kernel_config", "liger_kernel_config has no effect without use_liger_kernel=True."
+            )
         self._check_int("save_total_limit", 1, optional=True)
         self._check_int("ddp_timeout", 1)
         for name in ("seed", "data_seed"):
@@ -858,6 +877,12 @@ class TrainingArguments:
     def _check_distributed(self) -> None:
         if self.fsdp and self.deepspeed:
             raise ValueError(f"{type(self).__name__}: fsdp and deepspeed are both set; choose one of them")
+        if self.auto_find_batch_size and (self.fsdp or self.deepspeed):
+            raise self._invalid(
+                "auto_find_batch_size",
+                "not supported with fsdp or deepspeed: a retry after an out-of-memory error would shard or "
+                "re-initialise a model the failed try already sharded. Set per_device_train_batch_size instead",
+            )
         if self.parallelism_config is not None:
             raise self._invalid(
                 "parallelism_config",

@@ -1264,7 +1264,9 @@ class Trainer:
             prediction_loss_only = args.prediction_loss_only
         model = self._model_for_eval()
         model.eval()
-        training_past = self._past_state.swap() if self._past_state is not None else None  # its own memory
+        if args.past_index >= 0:  # an evaluation has its own memory, starting empty (v4)
+            self._past_state = self._past_state or PastState(args.past_index)
+            training_past = self._past_state.swap()
         if hasattr(self.optimizer, "eval") and callable(self.optimizer.eval):
             self.optimizer.eval()
         self.callback_handler.eval_dataloader = dataloader
@@ -1333,7 +1335,7 @@ class Trainer:
         for key in list(metrics):
             if not key.startswith(f"{metric_key_prefix}_"):
                 metrics[f"{metric_key_prefix}_{key}"] = metrics.pop(key)
-        if self._past_state is not None:
+        if args.past_index >= 0:
             self._past_state.swap(training_past)
         return EvalLoopOutput(
             predictions=result.predictions,
