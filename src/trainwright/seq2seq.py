@@ -119,22 +119,36 @@ class Seq2SeqTrainer(Trainer):
                     loss = (outputs["loss"] if isinstance(outputs, Mapping) else outputs[0]).detach().mean()
         if self.args.prediction_loss_only:
             return loss, None, None
-        generated = self._pad_to_generation_length(generated, model)
-        labels = self._pad_to_generation_length(inputs["labels"], model) if has_labels else None
+        width = self._generation_width(model, gen_kwargs)
+        generated = (
+            self._pad_tensors_to_max_len(generated, width) if generated.shape[-1] < width else generated
+        )
+        labels = inputs["labels"] if has_labels else None
+        if labels is not None and labels.shape[-1] < width:
+            labels = self._pad_tensors_to_max_len(labels, width)
         return loss, generated, labels
 
-    def _pad_to_generation_length(self, tensor: torch.Tensor, model: nn.Module) -> torch.Tensor:
-        """Pad to the model's generation max_length (else max_new_tokens + 1), as upstream, so
-        that batches concatenate and compute_metrics sees one width."""
+    @staticmethod
+    def _generation_width(model: nn.Module, gen_kwargs: dict[str, Any]) -> int:
+        """The width generated ids are padded to, so batches concatenate: the max_length (or
+        max_new_tokens + 1) this call asked for, else the model's generation config's (upstream pads
+        to the model's config even when the call asked for less; the call's request is what a
+        user means)."""
+        if gen_kwargs.get("max_length") is not None:
+            return int(gen_kwargs["max_length"])
+        if gen_kwargs.get("max_new_tokens") is not None:
+            return int(gen_kwargs["max_new_tokens"]) + 1
         config = getattr(model, "generation_config", None)
-        if config is None:
-            return tensor
-        max_length, max_new = getattr(config, "max_length", None), getattr(config, "max_new_tokens", None)
-        if max_length is not None and tensor.shape[-1] < max_length:
-            return self._pad_tensors_to_max_len(tensor, max_length)
-        if max_new is not None and tensor.shape[-1] < max_new + 1:
-            return self._pad_tensors_to_max_len(tensor, max_new + 1)
-        return tensor
+        if getattr(config, "max_new_tokens", None) is not None:
+            return config.max_new_tokens + 1
+        if getattr(config, "max_length", None) is not None:
+            return config.max_length
+        defaults = (
+            config._get_default_generation_params()
+            if hasattr(config, "_get_default_generation_params")
+            else {}
+        )
+        return int(defaults.get("max_length", 20))  # what generate falls back to
 
     def _pad_tensors_to_max_len(self, tensor: torch.Tensor, max_length: int) -> torch.Tensor:
         """Right-pad token ids to `max_length` with the tokenizer's (else the model's) pad id."""

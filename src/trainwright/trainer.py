@@ -206,6 +206,14 @@ class Trainer:
         self._label_shift = label_shift_for(model)
         eps = self.args.label_smoothing_factor
         self.label_smoother = LabelSmoother(epsilon=eps) if eps != 0 else None
+        if eps != 0 and getattr(getattr(model, "config", None), "problem_type", None) == "multi_label_classification":
+            warnings.warn(  # as upstream: smoothing one-hot targets makes no sense for independent labels
+                "label_smoothing_factor is not used with multi-label classification (problem_type="
+                "'multi_label_classification'): training without label smoothing.",
+                UserWarning,
+                stacklevel=3,
+            )
+            self.label_smoother = None
         if getattr(model, "config", None) is not None and hasattr(model.config, "use_cache"):
             model.config.use_cache = self.args.use_cache
 
@@ -400,7 +408,14 @@ class Trainer:
         )
 
     def num_examples(self, dataloader: torch.utils.data.DataLoader) -> int:
-        return data_utils.num_examples(dataloader)
+        """Samples in the dataloader's dataset; else batches x batch size (the loader's, else the
+        argument's), for a loader without `.dataset` or `.batch_size`."""
+        try:
+            return data_utils.num_examples(dataloader)
+        except ValueError:
+            if not data_utils.has_length(dataloader):
+                raise
+            return len(dataloader) * self.args.per_device_train_batch_size
 
     def _prepare_inputs(self, inputs: Any) -> Any:
         device = self.runtime.device
@@ -1274,7 +1289,9 @@ class Trainer:
         gatherer = EvalGatherer(
             self.runtime,
             offload_every=args.eval_accumulation_steps or 1,
-            keep_outputs=not prediction_loss_only and not args.batch_eval_metrics,
+            # with batch_eval_metrics only predict() keeps what it predicted (evaluate needs metrics)
+            keep_outputs=not prediction_loss_only
+            and (not args.batch_eval_metrics or description == "Prediction"),
             do_concat=args.eval_do_concat_batches,
         )
         batch_metrics = args.batch_eval_metrics and self.compute_metrics is not None
@@ -1312,7 +1329,7 @@ class Trainer:
                 )
             self.control = self.callback_handler.on_prediction_step(args, self.state, self.control)
         num_samples = (
-            data_utils.num_examples(dataloader) if data_utils.has_length(dataloader.dataset) else None
+            self.num_examples(dataloader) if data_utils.has_length(getattr(dataloader, "dataset", None)) else None
         )
         result = gatherer.finish(num_samples)
         num_samples = num_samples if num_samples is not None else result.num_samples

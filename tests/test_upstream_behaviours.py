@@ -1,0 +1,143 @@
+"""Behaviours transformers' own trainer tests check, each written here by us against trainwright."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import RegressionDataset, RegressionModel
+
+from trainwright import Seq2SeqTrainer, Seq2SeqTrainingArguments, Trainer
+from trainwright.data import default_data_collator
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_predict_with_batch_eval_metrics_still_returns_predictions(make_args):
+    seen = []
+
+    def metrics(pred, compute_result):
+        seen.append(compute_result)
+        return {"mean_pred": float(torch.as_tensor(pred.predictions).mean())} if compute_result else {}
+
+    args = make_args(batch_eval_metrics=True, per_device_eval_batch_size=4)
+    trainer = Trainer(model=RegressionModel(a=1.0), args=args, compute_metrics=metrics)
+    out = trainer.predict(RegressionDataset(length=10))
+    assert out.predictions.shape == (10,) and out.label_ids.shape == (10,)
+    assert seen == [False, False, True] and "test_mean_pred" in out.metrics
+    assert trainer.evaluate(RegressionDataset(length=10))["eval_mean_pred"] == pytest.approx(
+        out.metrics["test_mean_pred"]
+    )
+
+
+class BareLoader:
+    """A loader of the kind users write by hand: iterable with a length, no .dataset, no .batch_size."""
+
+    def __init__(self, dataset, batch_size):
+        self.dataset_ = dataset
+        self.size = batch_size
+
+    def __len__(self):
+        return len(self.dataset_) // self.size
+
+    def __iter__(self):
+        for start in range(0, len(self), 1):
+            rows = [self.dataset_[i] for i in range(start * self.size, (start + 1) * self.size)]
+            yield default_data_collator(rows)
+
+
+def test_custom_dataloader_without_dataset_or_batch_size(make_args):
+    data = RegressionDataset(length=16)
+
+    class T(Trainer):
+        def get_train_dataloader(self):
+            return BareLoader(data, 4)
+
+        def get_eval_dataloader(self, eval_dataset=None):
+            return BareLoader(data, 4)
+
+    args = make_args(num_train_epochs=2, per_device_train_batch_size=4, per_device_eval_batch_size=4)
+    trainer = T(model=RegressionModel(), args=args, train_dataset=data, eval_dataset=data)
+    out = trainer.train()
+    assert out.global_step == 8 and trainer.cursor.samples_seen == 32
+    metrics = trainer.evaluate()
+    assert metrics["eval_loss"] > 0 and metrics["eval_samples_per_second"] > 0
+
+
+def test_label_smoothing_is_off_for_multi_label_classification(make_args):
+    config = transformers.BertConfig(
+        num_hidden_layers=1,
+        hidden_size=16,
+        num_attention_heads=2,
+        intermediate_size=16,
+        vocab_size=32,
+        num_labels=3,
+        problem_type="multi_label_classification",
+    )
+    model = transformers.BertForSequenceClassification(config)
+    with pytest.warns(UserWarning, match="multi-label"):
+        trainer = Trainer(model=model, args=make_args(label_smoothing_factor=0.1))
+    assert trainer.label_smoother is None
+    single = transformers.BertForSequenceClassification(
+        transformers.BertConfig(**{**config.to_dict(), "problem_type": "single_label_classification"})
+    )
+    assert Trainer(model=single, args=make_args(label_smoothing_factor=0.1)).label_smoother is not None
+
+
+def tiny_t5():
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        vocab_size=32,
+        d_model=16,
+        d_kv=8,
+        d_ff=16,
+        num_layers=1,
+        num_heads=2,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
+    return transformers.T5ForConditionalGeneration(config)
+
+
+def seq2seq_args(tmp_path, **kw):
+    return Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path / "o"), report_to="none", use_cpu=True, disable_tqdm=True, **kw
+    )
+
+
+def test_generation_config_as_dict_folder_file_or_object(tmp_path):
+    GenerationConfig = transformers.GenerationConfig
+    for given in (
+        {"max_length": 7, "num_beams": 2},
+        GenerationConfig(max_length=7, num_beams=2),
+    ):
+        trainer = Seq2SeqTrainer(model=tiny_t5(), args=seq2seq_args(tmp_path, generation_config=given))
+        assert trainer.model.generation_config.max_length == 7
+        assert trainer.model.generation_config.num_beams == 2
+    folder = tmp_path / "gen"
+    GenerationConfig(max_length=9).save_pretrained(folder)
+    for given in (str(folder), str(folder / "generation_config.json")):
+        trainer = Seq2SeqTrainer(model=tiny_t5(), args=seq2seq_args(tmp_path, generation_config=given))
+        assert trainer.model.generation_config.max_length == 9
+    (tmp_path / "bad.json").write_text(json.dumps({"num_beams": 1, "early_stopping": True}))
+    with pytest.raises(FileNotFoundError, match="generation_config"):
+        Seq2SeqTrainer(model=tiny_t5(), args=seq2seq_args(tmp_path, generation_config=str(tmp_path / "none")))
+
+
+def test_generated_ids_are_padded_to_the_generation_length(tmp_path):
+    class Features(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return {"input_ids": torch.tensor([3, 4, 5, 1]), "labels": torch.tensor([6, 7, 1])}
+
+    args = seq2seq_args(tmp_path, predict_with_generate=True, per_device_eval_batch_size=2)
+    trainer = Seq2SeqTrainer(model=tiny_t5(), args=args)
+    out = trainer.predict(Features(), max_new_tokens=3)
+    # padded to the width the call asked for (decoder start + 3 new tokens); labels too
+    assert out.predictions.shape == (4, 4) and out.label_ids.shape == (4, 4)
+    assert trainer.predict(Features(), max_length=9).predictions.shape == (4, 9)
+    assert trainer.predict(Features()).predictions.shape[1] >= 20  # generate's own default length
