@@ -141,3 +141,45 @@ def test_generated_ids_are_padded_to_the_generation_length(tmp_path):
     assert out.predictions.shape == (4, 4) and out.label_ids.shape == (4, 4)
     assert trainer.predict(Features(), max_length=9).predictions.shape == (4, 9)
     assert trainer.predict(Features()).predictions.shape[1] >= 20  # generate's own default length
+
+
+class GrowingMemory(torch.nn.Module):
+    """A model whose buffer grows while it trains and which resizes it when a state dict is loaded."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.tensor(0.0))
+        self.register_buffer("memory", torch.zeros(0))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        saved = state_dict.get(prefix + "memory")
+        if saved is not None:
+            self.memory = torch.empty_like(saved)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def forward(self, input_x, labels=None):
+        if self.training:
+            self.memory = torch.cat([self.memory, input_x.detach()[:1]])
+        y = input_x * self.a
+        return (torch.nn.functional.mse_loss(y, labels), y)
+
+
+def test_resume_loads_weights_through_the_models_own_load_state_dict(make_args, tmp_path):
+    data = RegressionDataset(length=16)
+    args = make_args(per_device_train_batch_size=4, max_steps=4, save_strategy="steps", save_steps=2)
+    Trainer(model=GrowingMemory(), args=args, train_dataset=data).train()
+    resumed = GrowingMemory()
+    trainer = Trainer(model=resumed, args=args, train_dataset=data)
+    trainer.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    assert resumed.memory.shape == (4,)  # 2 from the checkpoint + 2 more steps
+
+    class Plain(torch.nn.Module):  # no resizing: torch's own size-mismatch error, with the file named
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Parameter(torch.tensor(0.0))
+            self.register_buffer("memory", torch.zeros(0))
+
+    from trainwright.checkpoint_io import CheckpointError, load_model_weights
+
+    with pytest.raises(CheckpointError, match="size mismatch for memory"):
+        load_model_weights(Plain(), tmp_path / "out" / "checkpoint-2")

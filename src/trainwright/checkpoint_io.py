@@ -518,10 +518,13 @@ def load_model_weights(
             parts.append(f"unexpected keys {_preview(unexpected)}")
         raise CheckpointError(f"{found.described} does not match the model: " + "; ".join(parts))
     alias_of = {a: kept for a, kept in found.aliases.items() if kept in shapes}
+    # A buffer may change shape (a growing memory, a resized cache): the model's own
+    # load_state_dict / _load_from_state_dict decides, as upstream lets it; parameters must match.
+    params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
     wrong = [
         f"{k}: file {shapes[alias_of.get(k, k)]} vs model {tuple(own[k].shape)}"
         for k in present
-        if k in own and shapes[alias_of.get(k, k)] != tuple(own[k].shape)
+        if k in own and k in params and shapes[alias_of.get(k, k)] != tuple(own[k].shape)
     ]
     if wrong:
         raise CheckpointError(f"{found.described} has tensors of the wrong shape: {'; '.join(wrong[:10])}")
@@ -534,7 +537,10 @@ def load_model_weights(
         for alias, kept in alias_of.items():
             if kept in chunk:
                 chunk[alias] = chunk[kept]
-        model.load_state_dict({k: v for k, v in chunk.items() if k in own}, strict=False)
+        try:
+            model.load_state_dict({k: v for k, v in chunk.items() if k in own}, strict=False)
+        except RuntimeError as exc:  # e.g. a buffer of another shape the model does not resize
+            raise CheckpointError(f"{found.described} does not load into {type(model).__name__}: {exc}") from exc
     if missing or unexpected:
         warnings.warn(
             f"{found.described}: missing keys {_preview(missing)}, unexpected keys {_preview(unexpected)}",
