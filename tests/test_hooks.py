@@ -275,3 +275,18 @@ def test_public_getters(make_args):
     with pytest.raises(AttributeError, match="not accelerate"):
         acc.prepare  # noqa: B018
     trainer.end()
+
+
+def test_save_model_override_is_called_for_checkpoints(make_args):
+    calls = []
+
+    class T(Trainer):
+        def save_model(self, output_dir=None, _internal_call=False):
+            calls.append((os.path.basename(output_dir), _internal_call))
+            super().save_model(output_dir, _internal_call)
+
+    trainer = make(T, make_args, save_strategy="steps", save_steps=2)
+    trainer.train()
+    assert [internal for _, internal in calls] == [True, True]
+    assert all(name.startswith(".checkpoint-") for name, _ in calls)
+    assert os.path.isfile(os.path.join(trainer.args.output_dir, "checkpoint-4", "model.safetensors"))

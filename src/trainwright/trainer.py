@@ -665,11 +665,9 @@ class Trainer:
         self._losses.load(self.cursor.loss_window)
         self._grad_norm: torch.Tensor | float | None = None
         self._last_lr: float | None = None
-        self._custom_lse = type(self)._maybe_log_save_evaluate is not Trainer._maybe_log_save_evaluate
+        self._custom_lse = self._overrides("_maybe_log_save_evaluate")
         # an overridden floating_point_ops is called every micro-batch, as upstream
-        self._log_flops_and_tokens = self._wants_flops() or (
-            type(self).floating_point_ops is not Trainer.floating_point_ops
-        )
+        self._log_flops_and_tokens = self._wants_flops() or self._overrides("floating_point_ops")
         self._flops_per_token = 6 * non_embedding_parameters(self.model)
         logger.info(
             "***** Running training *****  examples/epoch=%s  epochs=%s  batch/device=%s  accumulation=%s  "
@@ -1144,6 +1142,10 @@ class Trainer:
         best = self.state.best_model_checkpoint
         logger.info("Loading the best model from %s (score: %s).", best, self.state.best_metric)
         self._load_from_checkpoint(best)
+
+    def _overrides(self, name: str) -> bool:
+        """Whether a subclass overrides the Trainer method `name` (then it is called as upstream does)."""
+        return getattr(type(self), name) is not getattr(Trainer, name)
 
     def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module:
         """The model as training runs it: DDP or FSDP2 over several processes, else itself."""

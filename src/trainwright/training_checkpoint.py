@@ -125,12 +125,17 @@ def save(trainer: Trainer) -> str:
     main = runtime.is_main_process or (args.save_on_each_node and runtime.is_local_main_process)
     sharded = fsdp.is_sharded(trainer.model)  # FSDP2: model + optimizer as DCP folders, from every rank
     engine = trainer._deepspeed  # DeepSpeed: its own checkpoint beside whole weights
-    engine_weights = engine.full_state_dict() if engine is not None else None  # ZeRO-3: every rank gathers
+    custom_save_model = trainer._overrides("save_model")
+    engine_weights = (  # ZeRO-3: every rank gathers
+        engine.full_state_dict() if engine is not None and not custom_save_model else None
+    )
 
     def write(tmp: str) -> None:
         if main and sharded:  # the weights are DCP folders (below): the folder still describes the model
             write_model(trainer, tmp, weights=False)
-        elif main:  # through the overridable Trainer._save, as upstream's save_model(_internal_call=True)
+        elif custom_save_model:  # a subclass's save_model is called as upstream calls it, on every rank
+            trainer.save_model(tmp, _internal_call=True)
+        elif main:  # what save_model(_internal_call=True) does, without gathering the weights again
             trainer._save(tmp, state_dict=engine_weights)
         if engine is not None and not args.save_only_model:
             engine.save(tmp)
