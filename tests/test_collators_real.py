@@ -198,6 +198,7 @@ def test_accumulation_4x2_equals_one_batch_of_8(tokenizer, tmp_path, case_name):
 
     scale = max(float(d.abs().max()) for d in d_full.values())
     assert scale > 1e-3  # the step did move the weights
+    assert all(torch.isfinite(d).all() for d in d_accum.values()), "4 x 2 left non-finite weights"
     worst = max(float((d_accum[k] - d_full[k]).abs().max()) for k in d_full)
     ratios = [  # accumulated / full update, projected, per tensor that moved
         float(d_accum[k].flatten() @ d_full[k].flatten()) / float(d_full[k].norm() ** 2)
