@@ -14,6 +14,7 @@ from .args import (
 )
 from .callbacks import (
     DefaultFlowCallback,
+    DivergenceCallback,
     EarlyStoppingCallback,
     PrinterCallback,
     ProgressCallback,
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CallbackHandler",
     "DefaultFlowCallback",
+    "DivergenceCallback",
     "EarlyStoppingCallback",
     "EvalPrediction",
     "HfArgumentParser",

@@ -180,6 +180,10 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def _is_finite(value: Any) -> bool:
+    return _is_number(value) and math.isfinite(value)
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
@@ -664,6 +668,8 @@ class TrainingArguments:
                 f"the greedy schedule is not provided; choose one of {SchedulerType.values()}",
             )
         self.lr_scheduler_type = self._choice("lr_scheduler_type", SchedulerType)
+        if isinstance(self.optim, Enum):  # ours or transformers' OptimizerNames: str() is not the value
+            self.optim = self.optim.value
         if self.optim == OptimizerNames.ADAMW_HF:
             _warn_once("adamw_hf", 'optim="adamw_hf" is the old name of "adamw_torch"; using "adamw_torch".')
             self.optim = "adamw_torch"
@@ -728,8 +734,8 @@ class TrainingArguments:
             self.max_steps = int(self.max_steps)
         if not _is_int(self.max_steps):
             raise self._invalid("max_steps", "expected an integer (-1: use num_train_epochs)")
-        if not _is_number(self.num_train_epochs) or (self.max_steps <= 0 and self.num_train_epochs <= 0):
-            raise self._invalid("num_train_epochs", "expected a number > 0 (or max_steps > 0)")
+        if not _is_finite(self.num_train_epochs) or (self.max_steps <= 0 and self.num_train_epochs <= 0):
+            raise self._invalid("num_train_epochs", "expected a finite number > 0 (or max_steps > 0)")
         self._check_int("torch_empty_cache_steps", 1, optional=True)
         self._check_int("past_index", -1)
         alpha = self.neftune_noise_alpha
@@ -772,9 +778,9 @@ class TrainingArguments:
         value = getattr(self, name)
         if value is None:
             return
-        if not _is_number(value):
+        if not _is_finite(value):
             raise self._invalid(
-                name, "expected a number: an integer step count, or a fraction < 1 of the run"
+                name, "expected a finite number: an integer step count, or a fraction < 1 of the run"
             )
         if used and value <= 0:
             raise self._invalid(name, f"{strategy}='steps' needs {name} > 0 (or set {strategy}='no')")
@@ -828,9 +834,18 @@ class TrainingArguments:
     # -- optimization ----------------------------------------------------------------------------------
 
     def _check_optimization(self) -> None:
-        if not _is_number(self.learning_rate) or self.learning_rate < 0:
-            raise self._invalid("learning_rate", "expected a number >= 0")
-        if not _is_number(self.warmup_steps) or self.warmup_steps < 0:
+        if not _is_finite(self.learning_rate) or self.learning_rate < 0:
+            raise self._invalid("learning_rate", "expected a finite number >= 0")
+        if not _is_finite(self.weight_decay):
+            raise self._invalid("weight_decay", "expected a finite number")
+        if self.max_grad_norm is not None and (not _is_finite(self.max_grad_norm) or self.max_grad_norm < 0):
+            raise self._invalid("max_grad_norm", "expected a finite number >= 0 (0 or None: no clipping)")
+        for beta in ("adam_beta1", "adam_beta2"):
+            if not _is_finite(getattr(self, beta)) or not 0 <= getattr(self, beta) < 1:
+                raise self._invalid(beta, "expected a number in [0, 1)")
+        if not _is_finite(self.adam_epsilon) or self.adam_epsilon < 0:
+            raise self._invalid("adam_epsilon", "expected a finite number >= 0")
+        if not _is_finite(self.warmup_steps) or self.warmup_steps < 0:
             raise self._invalid("warmup_steps", "expected >= 0: a step count, or a fraction < 1 of the run")
         if self.warmup_steps >= 1:
             if not float(self.warmup_steps).is_integer():

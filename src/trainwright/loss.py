@@ -169,18 +169,25 @@ class LossWindow:
         else:
             self.steps.append(loss)
 
-    def step_sum(self, steps: int, runtime: Any, filter_nonfinite: bool) -> float:
-        """Sum of the recorded step losses, averaged over processes, then cleared."""
+    def step_sum(self, steps: int, runtime: Any, filter_nonfinite: bool) -> tuple[float, int]:
+        """(sum of the recorded step losses, averaged over processes; non-finite steps), then cleared.
+
+        With filtering, non-finite steps are replaced by the mean of the finite ones; a window with
+        no finite step sums to NaN (a diverged run never reads as loss 0). One host sync.
+        """
         window = torch.stack([t.reshape(()).float() for t in self.steps[:steps]])
+        finite = torch.isfinite(window)
+        nonfinite = (~finite).sum().float()
         if filter_nonfinite:
-            finite = torch.isfinite(window)
-            count = finite.sum().clamp(min=1)
-            total = torch.where(finite, window, 0.0).sum() / count * steps
+            count = finite.sum()
+            mean = torch.where(finite, window, 0.0).sum() / count  # NaN when count is 0
+            total = mean * steps
         else:
             total = window.sum()
-        total = runtime.all_reduce(total.reshape(1), "mean").item()
+        reduced = runtime.all_reduce(torch.stack([total, nonfinite]), "sum")
+        total_value, nonfinite_value = reduced.tolist()
         del self.steps[:steps]
-        return total
+        return total_value / runtime.world_size, int(nonfinite_value)
 
     def window_sum(self, steps: int) -> torch.Tensor:
         """This process's summed step losses since the last log, as a device tensor (no sync)."""

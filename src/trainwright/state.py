@@ -116,6 +116,20 @@ class TrainerControl:
         return {"args": dataclasses.asdict(self), "attributes": {}}
 
 
+def metric_improves(value: float, best: float | None, greater_is_better: bool, threshold: float = 0.0) -> bool:
+    """Whether `value` beats `best` (by more than `threshold`). A non-finite value (NaN, inf) never
+    beats a recorded best, and any finite value beats a non-finite best: a diverged evaluation
+    can neither win nor freeze the best metric."""
+    if best is None:
+        return True
+    if not math.isfinite(value):
+        return False
+    if not math.isfinite(best):
+        return True
+    better = value > best if greater_is_better else value < best
+    return better and abs(value - best) > threshold
+
+
 @dataclass
 class LoopCursor:
     """Where the training loop is. The one source of every counter in TrainerState, and what

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset
 
-from . import batch_size_finder, debug_underflow, device_cache, fsdp, liger, neftune, training_checkpoint
+from . import batch_size_finder, debug_underflow, device_cache, fsdp, hub, liger, neftune, training_checkpoint
 from . import data as data_utils
 from .args import TrainingArguments
 from .callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCallback
@@ -58,7 +58,7 @@ from .reporters import get_reporting_integration_callbacks
 from .runtime import get_runtime
 from .schedules import get_learning_rates, get_scheduler
 from .seed import enable_full_determinism, set_seed
-from .state import LoopCursor, TrainerControl, TrainerState
+from .state import LoopCursor, TrainerControl, TrainerState, metric_improves
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +168,10 @@ class Trainer:
         self.callback_handler = CallbackHandler(
             callbacks, self.model, self.processing_class, self.optimizer, self.lr_scheduler
         )
+        self.hub_model_id: str | None = None  # the Hub repository, once init_hf_repo() has made it
+        self.push_in_progress: hub.PushInProgress | None = None  # the last checkpoint push's uploads
+        if args.push_to_hub:
+            self.init_hf_repo()
         if args.should_save:
             os.makedirs(args.output_dir, exist_ok=True)
         self.state = TrainerState(
@@ -536,7 +540,9 @@ class Trainer:
         self._start_train_hooks()
         inner_training_loop = batch_size_finder.inner_loop(self, resume_path)  # auto_find_batch_size
         try:
-            with PreemptionGuard(args.preemption_signals) as self._preemption:
+            with PreemptionGuard(args.preemption_signals) as self._preemption, hub.quiet_progress_bars(
+                args.push_to_hub
+            ):
                 output = inner_training_loop(
                     args=args,
                     resume_from_checkpoint=resume_path,
@@ -580,6 +586,8 @@ class Trainer:
         ga = args.gradient_accumulation_steps
         if data_utils.has_length(dataloader):
             batches = len(dataloader)
+            if batches == 0:
+                raise ValueError(self._empty_training_message(dataloader))
             updates_per_epoch = max(math.ceil(batches / ga), 1)
             examples = self.num_examples(dataloader)
             if args.max_steps > 0:
@@ -599,6 +607,17 @@ class Trainer:
         samples = args.max_steps * total_batch
         # steps_in_epoch 0: the epoch has no known end, it runs until max_steps
         return 2**62, args.max_steps, samples, samples, total_batch, 0, args.max_steps
+
+    def _empty_training_message(self, dataloader: Any) -> str:
+        dataset = getattr(dataloader, "dataset", None)
+        size = len(dataset) if data_utils.has_length(dataset) else "?"
+        args = self.args
+        return (
+            f"The training data gives no batch: train_dataset ({type(dataset).__name__}) has {size} samples, "
+            f"per_device_train_batch_size={args.per_device_train_batch_size}, processes={self.runtime.world_size}, "
+            f"dataloader_drop_last={args.dataloader_drop_last}. Give it more samples, a smaller batch, or "
+            "dataloader_drop_last=False."
+        )
 
     def _inner_training_loop(
         self,
@@ -742,7 +761,14 @@ class Trainer:
                 self.control.should_training_stop = True
                 break
         if not ran_any and cursor.batch_in_epoch == 0:
-            logger.warning("Epoch %d produced no batch: stopping training.", epoch)
+            if cursor.steps_attempted == 0:  # not one batch in the whole run: refuse, never "succeed"
+                raise ValueError(self._empty_training_message(dataloader))
+            logger.warning(  # as upstream: an iterable that ran dry before max_steps
+                "Epoch %d produced no batch: stopping training at step %d of max_steps=%d.",
+                epoch,
+                self.state.global_step,
+                max_steps,
+            )
             self.control.should_training_stop = True
         # A run stopped mid-epoch keeps its position there, so a resume continues the same epoch.
         if exhausted or self.control.should_epoch_stop or _epoch_done(cursor):
@@ -1034,10 +1060,10 @@ class Trainer:
         self, grad_norm: Any = None, learning_rate: float | None = None, start_time: float | None = None
     ) -> None:
         cursor = self.cursor
-        loss_sum = self._losses.step_sum(
-            cursor.steps_since_log, self.runtime, self.args.logging_nan_inf_filter
-        )
+        loss_sum, nonfinite = self._read_loss_window()
         logs: dict[str, float] = {"loss": loss_sum / cursor.steps_since_log}
+        if nonfinite:
+            logs["nonfinite_steps"] = nonfinite
         if grad_norm is not None:
             logs["grad_norm"] = grad_norm.item() if isinstance(grad_norm, torch.Tensor) else float(grad_norm)
         if learning_rate is not None:
@@ -1048,10 +1074,27 @@ class Trainer:
 
     def _fold_loss_window(self) -> None:
         cursor = self.cursor
-        cursor.loss_logged_total += self._losses.step_sum(
+        cursor.loss_logged_total += self._read_loss_window()[0]
+        cursor.steps_since_log = 0
+
+    def _read_loss_window(self) -> tuple[float, int]:
+        """The unlogged steps' summed loss and how many were not finite (warned about, by step)."""
+        cursor = self.cursor
+        loss_sum, nonfinite = self._losses.step_sum(
             cursor.steps_since_log, self.runtime, self.args.logging_nan_inf_filter
         )
-        cursor.steps_since_log = 0
+        if nonfinite:
+            first = self.state.global_step - cursor.steps_since_log + 1
+            logger.warning(
+                "Non-finite training loss in %d of the steps %d-%d%s.",
+                nonfinite,
+                first,
+                self.state.global_step,
+                " (every one: the logged loss is NaN)"
+                if not math.isfinite(loss_sum)
+                else " (left out of the logged mean: logging_nan_inf_filter)",
+            )
+        return loss_sum, nonfinite
 
     def _wants_flops(self) -> bool:
         return any(getattr(cb, "needs_flops", False) for cb in self.callback_handler.callbacks)
@@ -1108,9 +1151,7 @@ class Trainer:
                 f"the evaluation did not return. It returned: {sorted(metrics)}."
             )
         value = metrics[key]
-        best = self.state.best_metric
-        greater = self.args.greater_is_better
-        if best is None or (value > best if greater else value < best):
+        if metric_improves(value, self.state.best_metric, bool(self.args.greater_is_better)):
             self.state.best_metric = value
             if self.args.save_strategy != "no":
                 self.state.best_global_step = self.state.global_step
@@ -1118,7 +1159,9 @@ class Trainer:
         return False
 
     def _save_checkpoint(self, model: nn.Module | None = None, trial: Any = None) -> None:
-        training_checkpoint.save(self)
+        path = training_checkpoint.save(self)
+        if self.args.push_to_hub:
+            self._push_from_checkpoint(path)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Write the model (safetensors), the processing class and training_args.json.
@@ -1126,6 +1169,8 @@ class Trainer:
         Every process calls it (a sharded model is gathered first); the writing process calls
         `_save`. Checkpoints write their weights through it too (`_internal_call=True`)."""
         training_checkpoint.save_model(self, output_dir or self.args.output_dir)
+        if self.args.push_to_hub and not _internal_call:  # documented: a user's save_model pushes
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         """Write weights (`state_dict`, else the model's), processing class and training_args.json."""
@@ -1169,6 +1214,62 @@ class Trainer:
     def metrics_format(self, metrics: dict[str, float]) -> dict[str, Any]:
         return _metrics_format(metrics)
 
+    # ------------------------------------------------------------------ Hub and model card
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        """Create the Hub repository `args.hub_model_id` (default: output_dir's name) if it does not
+        exist and keep its id in `self.hub_model_id` (main process only)."""
+        hub.init_repo(self, token=token, private=private)
+
+    def create_model_card(
+        self,
+        language: str | None = None,
+        license: str | None = None,
+        tags: str | list[str] | None = None,
+        model_name: str | None = None,
+        finetuned_from: str | None = None,
+        tasks: str | list[str] | None = None,
+        dataset_tags: str | list[str] | None = None,
+        dataset: str | list[str] | None = None,
+        dataset_args: str | list[str] | None = None,
+    ) -> None:
+        """Write `output_dir/README.md`: metadata, hyperparameters and the results of
+        `state.log_history` (main process only; see `model_card.py`)."""
+        from .model_card import write_model_card
+
+        write_model_card(
+            self,
+            language=language,
+            license=license,
+            tags=tags,
+            model_name=model_name,
+            finetuned_from=finetuned_from,
+            tasks=tasks,
+            dataset_tags=dataset_tags,
+            dataset=dataset,
+            dataset_args=dataset_args,
+        )
+
+    def push_to_hub(
+        self,
+        commit_message: str | None = "End of training",
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        private: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Save the model, write its card (`kwargs` go to `create_model_card`) and upload output_dir
+        to `hub_model_id`. Returns the commit info, or a Future of it when not `blocking`."""
+        return hub.push_to_hub(self, commit_message, blocking, token, revision, private, **kwargs)
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """Push a checkpoint just saved in the background, as `hub_strategy` says."""
+        hub.push_from_checkpoint(self, checkpoint_folder)
+
+    def _finish_current_push(self) -> None:
+        """Wait for the background push of the last checkpoint."""
+        hub.finish_current_push(self)
+
     def _finalize_training(self, start_time: float) -> TrainOutput:
         cursor, args = self.cursor, self.args
         if cursor.steps_since_log > 0 and args.logging_strategy != "no":
@@ -1195,6 +1296,7 @@ class Trainer:
             self._load_best_model()
         training_checkpoint.cleanup_after_training(self)
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
+        self._finish_current_push()  # the last checkpoint's upload is done when train() returns
         return TrainOutput(self.state.global_step, train_loss, metrics)
 
     # ------------------------------------------------------------------ evaluate / predict

@@ -1,5 +1,6 @@
 """Callbacks shipped with trainwright."""
 
+from .divergence import DivergenceCallback
 from .early_stopping import EarlyStoppingCallback
 from .flow import DefaultFlowCallback
 from .progress import PrinterCallback, ProgressCallback
@@ -10,6 +11,7 @@ DEFAULT_CALLBACKS: list = [DefaultFlowCallback]
 __all__ = [
     "DEFAULT_CALLBACKS",
     "DefaultFlowCallback",
+    "DivergenceCallback",
     "EarlyStoppingCallback",
     "PrinterCallback",
     "ProgressCallback",

@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from ..events import TrainerCallback
-from ..state import TrainerControl, TrainerState
+from ..state import TrainerControl, TrainerState, metric_improves
 from .flow import strategy_is
 
 logger = logging.getLogger(__name__)
@@ -64,18 +64,11 @@ class EarlyStoppingCallback(TrainerCallback):
         threshold = self.early_stopping_threshold or 0.0
         reference = state.best_metric if state.best_metric is not None else self.best_metric
 
-        def better(a: float, b: float) -> bool:
-            return a > b if greater else a < b
-
-        if reference is None or (
-            better(metric_value, reference) and abs(metric_value - reference) > threshold
-        ):
+        if metric_improves(metric_value, reference, greater, threshold):
             self.early_stopping_patience_counter = 0
         else:
             self.early_stopping_patience_counter += 1
-        if not math.isnan(metric_value) and (
-            self.best_metric is None or better(metric_value, self.best_metric)
-        ):
+        if math.isfinite(metric_value) and metric_improves(metric_value, self.best_metric, greater):
             self.best_metric = float(metric_value)
 
     def on_train_begin(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
