@@ -4,7 +4,9 @@ Liger (`pip install liger-kernel`) replaces a supported model type's RMSNorm, Ro
 cross-entropy (fused with the LM head) by Triton GPU kernels, in place on the model instance. What
 transformers would skip with a log line is refused here: a missing package, a model that is not a
 `PreTrainedModel`, a model type Liger has no kernels for, a config key the model type's patch does
-not take, and a CPU run (Triton kernels need a GPU).
+not take, and a CPU run (Triton kernels need a GPU). Note that Liger also replaces the model type's
+classes in transformers' modeling module, so models of that type built later in the process use
+its kernels too (as with transformers).
 """
 
 from __future__ import annotations
