@@ -177,8 +177,9 @@ def test_scheduler_names():
 def test_optimizer_names():
     for name in ("adamw_torch", "adamw_torch_fused", "adafactor", "sgd", "adagrad", "rmsprop"):
         assert make(optim=name).optim == name
-    with pytest.raises(ValueError, match="optim='adamw_bnb_8bit'.*adamw_torch_fused"):
-        make(optim="adamw_bnb_8bit")
+    assert make(optim="adamw_bnb_8bit").optim == "adamw_bnb_8bit"  # built by trainwright.optim_extra
+    with pytest.raises(ValueError, match="optim='adamw_quantum'.*adamw_torch_fused"):
+        make(optim="adamw_quantum")
 
 
 def test_adamw_hf_is_adamw_torch_and_warns_once():

@@ -10,6 +10,9 @@ back to the multi-tensor (`foreach`) kernel where that exists, else to torch's d
 fused kernel is NOT bit-identical to the for-loop AdamW (it differs in the last bits: about 1e-7
 after 20 fp32 steps in our test), while `foreach` matches the for-loop exactly. Resume stays exact either way, because the same kernel
 runs before and after a resume; only comparisons across `optim` values need a tolerance.
+
+The other names of transformers' `OptimizerNames` (bitsandbytes, torchao, schedule-free, GaLore,
+APOLLO, LOMO, ...) are built by `trainwright.optim_extra` from their optional packages.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from typing import Any
 import torch
 from torch import nn
 
-OPTIMIZER_NAMES: tuple[str, ...] = (
+from .optim_extra import EXTRA_OPTIMIZER_NAMES, get_extra_cls_and_kwargs
+
+TORCH_OPTIMIZER_NAMES: tuple[str, ...] = (
     "adamw_torch",
     "adamw_hf",
     "adamw_torch_fused",
@@ -32,6 +37,7 @@ OPTIMIZER_NAMES: tuple[str, ...] = (
     "adagrad",
     "rmsprop",
 )
+OPTIMIZER_NAMES: tuple[str, ...] = TORCH_OPTIMIZER_NAMES + EXTRA_OPTIMIZER_NAMES
 _ADAMW_NAMES = ("adamw_torch", "adamw_hf", "adamw_torch_fused", "adamw_torch_foreach")
 
 # Normalisation layers of torch (_NormBase covers BatchNorm*, SyncBatchNorm and InstanceNorm*).
@@ -191,9 +197,15 @@ def get_optimizer_cls_and_kwargs(
     `eps=adam_epsilon`; `adamw_torch_fused` adds `fused=True` or a fallback (module docstring);
     `adamw_torch_foreach` adds `foreach=True`; Adafactor is `torch.optim.Adafactor` with only `lr`.
     Entries of `args.optim_args` are added last and override these; a key the optimizer does not
-    take is an error. `model` is used to see which device the parameters are on.
+    take is an error. `model` is used to see which device the parameters are on. Names from
+    optional packages: `trainwright.optim_extra` (kwargs may then hold `params`, `model` or
+    `optimizer_dict`, which `build_optimizer` uses in place of the decay groups, as upstream).
     """
     name = _optimizer_name(args)
+    if name in EXTRA_OPTIMIZER_NAMES:
+        return get_extra_cls_and_kwargs(
+            name, args, model, parse_optim_args(getattr(args, "optim_args", None))
+        )
     kwargs: dict[str, Any] = {"lr": args.learning_rate}
     if name in _ADAMW_NAMES:
         cls: type[torch.optim.Optimizer] = torch.optim.AdamW
@@ -239,13 +251,39 @@ def decay_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, 
     return [g for g in groups if g["params"]]
 
 
+def build_optimizer(
+    cls: Any, kwargs: dict[str, Any], model: nn.Module, weight_decay: float
+) -> torch.optim.Optimizer:
+    """`cls(decay_param_groups(model, weight_decay), **kwargs)`, with upstream's special kwargs.
+
+    `params` (GaLore/APOLLO groups), `model` (LOMO) or `optimizer_dict` (layer-wise) in kwargs take
+    the place of the decay groups. bitsandbytes 8-bit optimizers keep embeddings in 32 bits, as
+    upstream.
+    """
+    kwargs = dict(kwargs)
+    first: Any = None
+    for key in ("params", "model", "optimizer_dict"):  # upstream's order: the last one present wins
+        if key in kwargs:
+            first = kwargs.pop(key)
+    if first is None:
+        first = decay_param_groups(model, weight_decay)
+    optimizer = cls(first, **kwargs)
+    if cls.__module__.startswith("bitsandbytes") and kwargs.get("optim_bits") == 8:
+        import bitsandbytes
+
+        manager = bitsandbytes.optim.GlobalOptimManager.get_instance()
+        for module in model.modules():
+            if isinstance(module, nn.Embedding):
+                manager.register_module_override(module, "weight", {"optim_bits": 32})
+    return optimizer
+
+
 def create_optimizer(model: nn.Module, args: Any) -> torch.optim.Optimizer:
     """Build the `args.optim` optimizer over `decay_param_groups(model, args.weight_decay)`."""
-    groups = decay_param_groups(model, args.weight_decay)
     cls, kwargs = get_optimizer_cls_and_kwargs(args, model)
     if "weight_decay" in kwargs and kwargs["weight_decay"] != args.weight_decay:
         raise ValueError(
             f"optim_args sets weight_decay={kwargs['weight_decay']} but weight decay comes from "
             f"weight_decay ({args.weight_decay}); set that instead"
         )
-    return cls(groups, **kwargs)
+    return build_optimizer(cls, kwargs, model, args.weight_decay)

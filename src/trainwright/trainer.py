@@ -50,8 +50,10 @@ from .metrics import (
 from .metrics import log_metrics as _log_metrics
 from .metrics import metrics_format as _metrics_format
 from .metrics import save_metrics as _save_metrics
+from .optim import build_optimizer as _build_optimizer
 from .optim import create_optimizer as _create_optimizer
-from .optim import decay_param_groups
+from .optim import get_optimizer_cls_and_kwargs as _get_optimizer_cls_and_kwargs
+from .optim_extra import is_fused_backward, lomo_backward
 from .past_state import PastState
 from .preemption import PreemptionGuard
 from .reporters import get_reporting_integration_callbacks
@@ -445,10 +447,19 @@ class Trainer:
             model = model or self.model
             if self.optimizer_cls_and_kwargs is not None:
                 cls, kwargs = self.optimizer_cls_and_kwargs
-                self.optimizer = cls(decay_param_groups(model, self.args.weight_decay), **kwargs)
+                self.optimizer = _build_optimizer(cls, kwargs, model, self.args.weight_decay)
             else:
                 self.optimizer = _create_optimizer(model, self.args)
         return self.optimizer
+
+    @staticmethod
+    def get_optimizer_cls_and_kwargs(args: TrainingArguments, model: nn.Module | None = None) -> tuple[Any, Any]:
+        """The optimizer class for `args.optim` and its kwargs (all but the parameters), as upstream.
+
+        `model` is needed by GaLore, APOLLO and LOMO (and picks the fused AdamW kernel). kwargs may
+        hold `params`, `model` or `optimizer_dict`, which replace the decay param groups.
+        """
+        return _get_optimizer_cls_and_kwargs(args, model)
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         if self.lr_scheduler is None:
@@ -537,11 +548,12 @@ class Trainer:
                 " needs an eval_dataset: pass one to the Trainer or set eval_strategy='no'."
             )
         resume_path = training_checkpoint.resolve_resume_path(self, resume_from_checkpoint)
-        self._start_train_hooks()
         inner_training_loop = batch_size_finder.inner_loop(self, resume_path)  # auto_find_batch_size
         try:
-            with PreemptionGuard(args.preemption_signals) as self._preemption, hub.quiet_progress_bars(
-                args.push_to_hub
+            self._start_train_hooks()  # inside the try: a refused hook still ends the call cleanly
+            with (
+                PreemptionGuard(args.preemption_signals) as self._preemption,
+                hub.quiet_progress_bars(args.push_to_hub),
             ):
                 output = inner_training_loop(
                     args=args,
@@ -663,9 +675,9 @@ class Trainer:
             )
         # DeepSpeed's engine does its own fp16 loss scaling.
         self.scaler = runtime.grad_scaler(bool(args.fp16) and self._deepspeed is None)
-        self._plateau = self._scheduler_is_plateau()  # checked once, not every step
         if resume_path is not None:
             training_checkpoint.restore(self, resume_path, train_dataloader)
+        self._plateau = self._scheduler_is_plateau()  # checked once, not every step
         self.cursor.first_step_of_call = self.cursor.steps_applied
         self._samples_at_start = self.cursor.samples_seen
         self._tokens_at_start = self.cursor.tokens_seen
@@ -891,6 +903,8 @@ class Trainer:
             return None
         if self._deepspeed is not None:
             return None  # the engine clips inside its step (gradient_clipping) and reports the norm
+        if is_fused_backward(self.optimizer):
+            return None  # LOMO clipped inside its backward (clip_grad_norm) and kept no gradients
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         model = self.model_wrapped
@@ -903,6 +917,8 @@ class Trainer:
         if self._deepspeed is not None:
             applied, self._grad_norm = self._deepspeed.step()
             return applied
+        if is_fused_backward(self.optimizer):
+            return True  # LOMO stepped inside the backward
         if self.scaler is None:
             self.optimizer.step()
             return True
@@ -920,6 +936,9 @@ class Trainer:
         """Forward and backward of one micro-batch; returns the detached loss that was backpropagated."""
         if not model.training:  # after an evaluation; calling train() every step costs ~50 us
             model.train()
+        optimizer_train = getattr(self.optimizer, "train", None)
+        if callable(optimizer_train):  # schedule-free: back to the training weights (a no-op if there)
+            optimizer_train()
         micro_items = items_in_batch(inputs, self._label_shift) if num_items_in_batch is not None else None
         inputs = self._prepare_inputs(inputs)
         if self._past_state is not None:
@@ -934,6 +953,8 @@ class Trainer:
             self._deepspeed.backward(loss)
         elif self.scaler is not None:
             self.scaler.scale(loss).backward()
+        elif is_fused_backward(self.optimizer):  # LOMO/AdaLOMO update the weights in the backward
+            lomo_backward(self.optimizer, loss)
         else:
             loss.backward()
         return loss.detach()
