@@ -226,7 +226,6 @@ BAD_ARGUMENTS = [
     ({"max_steps": 10.5}, "max_steps"),
     ({"max_steps": "10"}, "max_steps"),
     ({"save_total_limit": 0}, "save_total_limit"),
-    ({"push_to_hub": True}, "push_to_hub"),
     ({"seed": -1}, "seed"),
     ({"data_seed": 2**32}, "data_seed"),
     ({"learning_rate": -1e-3}, "learning_rate"),
@@ -277,8 +276,6 @@ def test_validation_messages_say_what_is_expected():
         make(per_device_train_batch_size=0)
     with pytest.raises(ValueError, match="at most one of fp16 and bf16"):
         make(fp16=True, bf16=True)
-    with pytest.raises(ValueError, match="push_to_hub.*not available in trainwright"):
-        make(push_to_hub=True)
     with pytest.raises(ValueError, match="reduce_lr_on_plateau needs an eval_strategy"):
         make(lr_scheduler_type="reduce_lr_on_plateau")
     with pytest.raises(ValueError, match="only valid with dataloader_num_workers > 0"):

@@ -92,7 +92,6 @@ V4_V5_CHOICES: dict[str, str] = {
     "initialises the device inside TrainingArguments); runtime.bf16_supported() answers it.",
     "half_precision_backend": 'Accepted (v4); trainwright always uses torch.amp, so values other than "auto" '
     "warn and change nothing. fp16_backend (older v4) maps onto it.",
-    "push_to_hub": "Accepted as a name, but True is an error: trainwright has no Hub client (no network).",
     "enable_jit_checkpoint": "Accepted (v5). trainwright's own preemption_signals (default SIGTERM, SIGUSR1) "
     "name the signals on which training checkpoints and stops; [] turns that off.",
     "evaluation_strategy": "Old name of eval_strategy (v4 < 4.46): maps onto it with a warning.",
@@ -427,14 +426,16 @@ class TrainingArguments:
     parallelism_config: Any | None = _arg(None, "v5 accelerate ParallelismConfig (not supported).")
     debug: list[str] | str = _arg("", "Debug options: underflow_overflow, tpu_metrics_debug.")
 
-    # -- Hub (names accepted; pushing is not available) -----------------------------------------
-    push_to_hub: bool = _arg(False, "Not available in trainwright (no network); must stay False.")
-    hub_model_id: str | None = _arg(None, "Hub repository id (accepted, unused).")
-    hub_strategy: HubStrategy | str = _arg("every_save", "Hub push strategy (accepted, unused).")
-    hub_token: str | None = _arg(None, "Hub token (accepted, unused; redacted in to_dict).")
-    hub_private_repo: bool | None = _arg(None, "Make the Hub repository private (accepted, unused).")
-    hub_always_push: bool = _arg(False, "Push even if the previous push is unfinished (accepted, unused).")
-    hub_revision: str | None = _arg(None, "Hub revision to push to (accepted, unused).")
+    # -- Hub (hub.py: huggingface_hub's create_repo / upload_folder) -----------------------------
+    push_to_hub: bool = _arg(False, "Push output_dir to the Hub at saves (per hub_strategy) and save_model.")
+    hub_model_id: str | None = _arg(None, "Hub repository id (default: the name of output_dir).")
+    hub_strategy: HubStrategy | str = _arg(
+        "every_save", "What to push when: end, every_save, checkpoint (+ last-checkpoint/), all_checkpoints."
+    )
+    hub_token: str | None = _arg(None, "Hub token (default: the logged-in one; redacted in to_dict).")
+    hub_private_repo: bool | None = _arg(None, "Create the repository private (None: the owner's default).")
+    hub_always_push: bool = _arg(False, "Push at a save even if the previous push is unfinished.")
+    hub_revision: str | None = _arg(None, "Branch, tag or commit to push to.")
 
     # -- old (v4) names: mapped onto the fields above, or accepted without effect ---------------
     evaluation_strategy: IntervalStrategy | str | None = _arg(None, "Old name of eval_strategy.")
@@ -907,11 +908,6 @@ class TrainingArguments:
     # -- reporting, output and signals -----------------------------------------------------------
 
     def _resolve_reporting_and_io(self) -> None:
-        if self.push_to_hub:
-            raise self._invalid(
-                "push_to_hub",
-                "Hub pushing is not available in trainwright (no network access); leave it False",
-            )
         self.report_to = self._normalise_report_to(self.report_to)
         if self.disable_tqdm is None:
             self.disable_tqdm = logging.getLogger("trainwright").getEffectiveLevel() > logging.WARNING

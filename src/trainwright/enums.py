@@ -123,7 +123,7 @@ class OptimizerNames(ChoiceEnum):
 
 
 class HubStrategy(ChoiceEnum):
-    """What to push to the Hugging Face Hub (accepted for compatibility; trainwright never pushes)."""
+    """What to push to the Hugging Face Hub, and when (`TrainingArguments.hub_strategy`, hub.py)."""
 
     END = "end"
     EVERY_SAVE = "every_save"
