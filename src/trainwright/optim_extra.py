@@ -231,7 +231,7 @@ def _grokadamw(name: str, args: Any, model: nn.Module | None, extra: dict) -> tu
 def _lomo(name: str, args: Any, model: nn.Module | None, extra: dict) -> tuple[type, dict]:
     lomo = _require("lomo_optim", name, "pip install lomo-optim")
     if model is None:
-        raise ValueError(f"optim={name!r} is built on the model: pass model= to get_optimizer_cls_and_kwargs")
+        raise ValueError(f"optim={name!r} needs the model: pass model= to get_optimizer_cls_and_kwargs")
     if name == "adalomo" and _param_devices(model) != {"cuda"}:
         raise ValueError(
             f"optim={name!r} needs the parameters on CUDA (AdaLomo allocates its state with .cuda())"
