@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -302,6 +303,40 @@ def test_non_padding_tokens_count_the_attention_mask(tokenizer, tmp_path):
     assert trainer.state.num_input_tokens_seen == real
 
 
+def test_random_masking_on_short_texts_logs_finite_losses(tokenizer, tmp_path):
+    """run_mlm.py's collator (15% random masks) on short texts: some micro-batches draw no mask at
+    all. They add nothing to the step, but neither may they turn its loss into NaN."""
+    texts = hf_fixtures.text_corpus(48, seed=5, min_words=1, max_words=2)
+    data = hf_fixtures.datasets.Dataset.from_dict({"text": texts}).map(
+        lambda b: tokenizer(b["text"], return_special_tokens_mask=True), batched=True, remove_columns=["text"]
+    )
+    recorder = Recorder(transformers.DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15))
+    args = make_args(
+        str(tmp_path / "out"),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=4,
+        num_train_epochs=1,
+        logging_steps=1,
+        remove_unused_columns=False,
+    )
+    trainer = Trainer(
+        model=build_model("bert-mlm", tokenizer), args=args, train_dataset=data, data_collator=recorder
+    )
+    result = trainer.train()
+    empty = sum(int((batch["labels"] != -100).sum()) == 0 for _, batch in recorder.batches)
+    assert empty > 0, "no micro-batch without masked tokens: the case is not exercised"
+    bad = [
+        (r["step"], r["loss"])
+        for r in trainer.state.log_history
+        if "loss" in r and not math.isfinite(r["loss"])
+    ]
+    assert not bad, (
+        f"{empty} of {len(recorder.batches)} micro-batches had no masked token; logged losses {bad}"
+    )
+    assert math.isfinite(result.training_loss)
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
 # --------------------------------------------------------------------------- (c) resume
 def run_job(cfg: dict) -> None:
     env = {
@@ -333,6 +368,11 @@ def test_resume_in_a_new_process_is_bit_identical(tokenizer_dir, tmp_path, case_
     collator_resume_job.main({"case": case_name, "tokenizer": tokenizer_dir, "output_dir": reference})
     ref, ref_weights = _result(reference)
     assert ref["global_step"] == 6
+    # (NaN never equals NaN: the comparisons below need a finite reference)
+    bad = [row["step"] for row in ref["rows"] if not math.isfinite(row["loss"])]
+    assert not bad and math.isfinite(ref["train_loss"]), (
+        f"the uninterrupted run logged non-finite losses at steps {bad}, train_loss {ref['train_loss']}"
+    )
 
     resumed = str(tmp_path / "resumed")
     os.makedirs(resumed)
