@@ -6,6 +6,10 @@ docstrings of Python's standard library, wrapped as `PreTrainedTokenizerFast`, s
 `save_pretrained` and loaded back with `AutoTokenizer.from_pretrained` (what users do).
 
 Plain functions (usable from job scripts in their own process) plus session-scoped fixtures.
+
+The `tokenizers` trainer breaks ties between equally frequent merges in hash order, so two
+trainings (two test sessions) can give slightly different vocabularies: within a session every
+test and every job process uses the one saved folder (`tokenizer_dir`); no test depends on ids.
 """
 
 from __future__ import annotations

@@ -86,8 +86,18 @@ CASES = {
     "padding-bert-cls": Case(
         "bert-cls", _nodet(cls_dataset), lambda tok, m, d: transformers.DataCollatorWithPadding(tok)
     ),
+    "padding-bert-cls-multiple-of-8": Case(
+        "bert-cls",
+        _nodet(cls_dataset),
+        lambda tok, m, d: transformers.DataCollatorWithPadding(tok, pad_to_multiple_of=8),
+    ),
     "seq2seq-bart": Case(
         "bart", _nodet(seq2seq_dataset), lambda tok, m, d: transformers.DataCollatorForSeq2Seq(tok, model=m)
+    ),
+    "seq2seq-bart-multiple-of-8": Case(
+        "bart",
+        _nodet(seq2seq_dataset),
+        lambda tok, m, d: transformers.DataCollatorForSeq2Seq(tok, model=m, pad_to_multiple_of=8),
     ),
     "seq2seq-t5": Case(
         "t5", _nodet(seq2seq_dataset), lambda tok, m, d: transformers.DataCollatorForSeq2Seq(tok, model=m)
@@ -109,7 +119,12 @@ CASES = {
         lambda tok, m, d: transformers.default_data_collator,
     ),
 }
-SLOW_RESUME = {"seq2seq-t5", "lm-clm-gpt2"}  # same collator class as an unmarked case
+SLOW_RESUME = {  # same collator class as an unmarked case
+    "seq2seq-t5",
+    "lm-clm-gpt2",
+    "padding-bert-cls-multiple-of-8",
+    "seq2seq-bart-multiple-of-8",
+}
 
 
 def build(case_name: str, tok, n: int, seed: int = 0, deterministic: bool = False, model_seed: int = 0):
