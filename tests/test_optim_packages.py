@@ -517,3 +517,31 @@ def test_trainer_get_optimizer_cls_and_kwargs_has_upstream_signature() -> None:
     assert ours.parameters["model"].default is None
     args = TrainingArguments(output_dir="unused", optim="sgd", learning_rate=0.3, optim_args="momentum=0.9")
     assert Trainer.get_optimizer_cls_and_kwargs(args) == (torch.optim.SGD, {"lr": 0.3, "momentum": 0.9})
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "adamw_bnb_8bit",
+        "lion_8bit",
+        "adamw_torch_8bit",
+        "adamw_torch_4bit",
+        "schedule_free_adamw",
+        "lomo",
+        "galore_adamw",
+        "galore_adamw_layerwise",
+        "apollo_adamw",
+    ],
+)
+def test_resume_is_exact(tmp_path, name: str) -> None:
+    """The optimizer state goes through a weights-only checkpoint (torchao's quantized tensors and
+    GaLore/APOLLO projectors as plain data) and training continues bit for bit."""
+    module, settings, _ = CPU_CASES[name]
+    pytest.importorskip(module)
+    settings = {**settings, "save_strategy": "steps", "save_steps": 10}
+    full = _trainer(tmp_path, name, steps=20, **settings)
+    full.train()
+    resumed = _trainer(tmp_path, name, steps=20, **settings)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-10"))
+    for (key, expected), got in zip(full.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(expected, got), key

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .optim_extra import EXTRA_OPTIMIZER_NAMES, get_extra_cls_and_kwargs
+from .optim_extra import EXTRA_OPTIMIZER_NAMES, get_extra_cls_and_kwargs, make_checkpointable
 
 TORCH_OPTIMIZER_NAMES: tuple[str, ...] = (
     "adamw_torch",
@@ -258,7 +258,7 @@ def build_optimizer(
 
     `params` (GaLore/APOLLO groups), `model` (LOMO) or `optimizer_dict` (layer-wise) in kwargs take
     the place of the decay groups. bitsandbytes 8-bit optimizers keep embeddings in 32 bits, as
-    upstream.
+    upstream; torchao/GaLore/APOLLO state is made checkpointable (`optim_extra.make_checkpointable`).
     """
     kwargs = dict(kwargs)
     first: Any = None
@@ -267,7 +267,7 @@ def build_optimizer(
             first = kwargs.pop(key)
     if first is None:
         first = decay_param_groups(model, weight_decay)
-    optimizer = cls(first, **kwargs)
+    optimizer = make_checkpointable(cls(first, **kwargs))
     if cls.__module__.startswith("bitsandbytes") and kwargs.get("optim_bits") == 8:
         import bitsandbytes
 

@@ -376,6 +376,88 @@ def get_extra_cls_and_kwargs(
     return cls, kwargs
 
 
+# ----------------------------------------------------------------------------- checkpointable state
+# Checkpoints are read with torch.load(weights_only=True), which refuses the objects some optimizers
+# keep in their state: torchao's quantized state tensors (tensor subclasses) and GaLore/APOLLO
+# projectors (plain Python objects). They are written as tagged dicts of tensors and plain values,
+# and rebuilt on load only for classes of these packages.
+_TAG = "__trainwright_state_object__"
+_TENSOR_SUBCLASS_MODULES = ("torchao.optim.",)
+_OBJECT_MODULES = ("galore_torch.", "apollo_torch.")
+
+
+def _qualname(value: Any) -> str:
+    return f"{type(value).__module__}.{type(value).__qualname__}"
+
+
+def _plain_ctx(item: Any) -> Any:
+    if isinstance(item, torch.dtype):
+        return {"dtype": str(item).removeprefix("torch.")}
+    if isinstance(item, torch.Size):
+        return {"size": list(item)}
+    return item
+
+
+def _ctx_value(item: Any) -> Any:
+    if isinstance(item, dict) and "dtype" in item:
+        return getattr(torch, item["dtype"])
+    if isinstance(item, dict) and "size" in item:
+        return torch.Size(item["size"])
+    return item
+
+
+def _to_plain(value: Any) -> Any:
+    kind = type(value).__module__
+    if isinstance(value, torch.Tensor) and kind.startswith(_TENSOR_SUBCLASS_MODULES):
+        names, ctx = value.__tensor_flatten__()
+        return {
+            _TAG: _qualname(value),
+            "tensors": {name: getattr(value, name) for name in names},
+            "ctx": [_plain_ctx(c) for c in ctx],
+            "size": list(value.shape),
+            "stride": list(value.stride()),
+        }
+    if kind.startswith(_OBJECT_MODULES) and hasattr(value, "__dict__"):
+        return {_TAG: _qualname(value), "attributes": dict(vars(value))}
+    return value
+
+
+def _from_plain(value: Any) -> Any:
+    if not (isinstance(value, dict) and _TAG in value):
+        return value
+    module_name, _, class_name = value[_TAG].rpartition(".")
+    if not module_name.startswith(_TENSOR_SUBCLASS_MODULES + _OBJECT_MODULES):
+        raise ValueError(f"optimizer state names {value[_TAG]!r}, which trainwright does not rebuild")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    if "tensors" in value:
+        ctx = [_ctx_value(c) for c in value["ctx"]]
+        return cls.__tensor_unflatten__(
+            value["tensors"], ctx, torch.Size(value["size"]), tuple(value["stride"])
+        )
+    obj = cls.__new__(cls)
+    obj.__dict__.update(value["attributes"])
+    return obj
+
+
+def _state_to_plain(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    # new dicts: the per-parameter dicts of state_dict() are the optimizer's live state
+    state = {k: {n: _to_plain(v) for n, v in s.items()} for k, s in state_dict["state"].items()}
+    return {**state_dict, "state": state}
+
+
+def _state_from_plain(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    state = {k: {n: _from_plain(v) for n, v in s.items()} for k, s in state_dict["state"].items()}
+    return {**state_dict, "state": state}
+
+
+def make_checkpointable(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Let `optimizer.state_dict()` of torchao/GaLore/APOLLO be saved and read with weights_only."""
+    if type(optimizer).__module__.startswith(("torchao.", "galore_torch.", "apollo_torch.")):
+        optimizer.register_state_dict_post_hook(_state_to_plain)
+        optimizer.register_load_state_dict_pre_hook(_state_from_plain)
+    return optimizer
+
+
 class LayerWiseOptimizer(torch.optim.Optimizer):
     """One optimizer per parameter, stepped as soon as that parameter's gradient is accumulated.
 
@@ -386,8 +468,13 @@ class LayerWiseOptimizer(torch.optim.Optimizer):
 
     def __init__(self, optimizer_dict: dict[nn.Parameter, torch.optim.Optimizer], lr: float | None = None):
         self.optimizer_dict = optimizer_dict
-        super().__init__([g for opt in optimizer_dict.values() for g in opt.param_groups], {})
+        for optimizer in optimizer_dict.values():
+            make_checkpointable(optimizer)
+        super().__init__(self._inner_groups(), {})
         self._hooks = [p.register_post_accumulate_grad_hook(self._step_one) for p in optimizer_dict]
+
+    def _inner_groups(self) -> list[dict[str, Any]]:
+        return [g for opt in self.optimizer_dict.values() for g in opt.param_groups]
 
     def _step_one(self, param: nn.Parameter) -> None:
         optimizer = self.optimizer_dict[param]
@@ -401,7 +488,11 @@ class LayerWiseOptimizer(torch.optim.Optimizer):
         return None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"layerwise": [opt.state_dict() for opt in self.optimizer_dict.values()]}
+        # param_groups as torch writes them (for checks of the layout); the state lives in "layerwise"
+        return {
+            **super().state_dict(),
+            "layerwise": [opt.state_dict() for opt in self.optimizer_dict.values()],
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         states = state_dict["layerwise"]
@@ -411,6 +502,7 @@ class LayerWiseOptimizer(torch.optim.Optimizer):
             )
         for opt, state in zip(self.optimizer_dict.values(), states):
             opt.load_state_dict(state)
+        self.param_groups = self._inner_groups()  # loading replaced the inner group dicts
 
     def remove_hooks(self) -> None:
         """Stop stepping inside the backward (for a model that is trained on with another optimizer)."""
