@@ -244,3 +244,40 @@ def test_parse_log_history_and_table_edge_cases():
         "|:------:|:---------:|",
         "| 0.1235 | 1         |",
     ]
+
+
+def test_dataset_named_by_a_hub_datasets_dataset(tmp_path, monkeypatch):
+    """A `datasets` dataset from a Hub builder names the dataset, its config and split, as upstream;
+    an in-memory one (no builder) names none (upstream writes "the None dataset")."""
+    datasets = pytest.importorskip("datasets")
+    from transformers import modelcard
+
+    from trainwright.enums import ParallelMode
+
+    monkeypatch.setattr(modelcard, "ParallelMode", ParallelMode)
+    rows = {"input_ids": TokenDataset(8, seed=1).ids.tolist()}
+    rows["labels"] = rows["input_ids"]
+    info = datasets.DatasetInfo(builder_name="tiny_text", config_name="small")
+    # a base model: upstream's card for a config-built one reads "fine-tuned version of []"
+    trainer = run(tmp_path, max_steps=2, model=tiny_gpt2("org/tiny-base"))
+    trainer.eval_dataset = datasets.Dataset.from_dict(rows, info=info, split="validation")
+    trainer.evaluate()
+    trainer.create_model_card(tasks="text-generation", license="mit")
+    meta = read_metadata(os.path.join(trainer.args.output_dir, "README.md"))
+    assert meta["datasets"] == ["tiny_text"]
+    assert meta["model-index"][0]["results"][0]["dataset"] == {
+        "name": "tiny_text",
+        "type": "tiny_text",
+        "config": "small",
+        "split": "validation",
+        "args": "small",
+    }
+    theirs = modelcard.TrainingSummary.from_trainer(
+        trainer, tasks="text-generation", license="mit"
+    ).to_model_card()
+    versions = "\n### Framework versions\n"
+    assert card_of(trainer).split(versions)[0] == theirs.split(versions)[0]
+
+    trainer.eval_dataset = datasets.Dataset.from_dict(rows)
+    trainer.create_model_card()
+    assert "(https://huggingface.co/org/tiny-base) on an unknown dataset." in card_of(trainer)
