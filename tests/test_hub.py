@@ -246,6 +246,13 @@ def test_offline_mode_fails_at_construction_naming_the_setting(tmp_path, monkeyp
         trainer.push_to_hub()
 
 
+def test_invalid_repository_id_is_refused_by_the_real_client(tmp_path):
+    with pytest.raises(ValueError, match=r"hub_model_id='me/a b': not a valid Hub repository id"):
+        make_trainer(tmp_path, hub_model_id="me/a b")
+    with pytest.raises(ValueError, match=r"hub_model_id=None: not a valid Hub repository id.*'has space'"):
+        make_trainer(tmp_path, name="has space", hub_model_id=None)
+
+
 def test_failed_background_push_is_logged(tmp_path, monkeypatch, caplog):
     """A checkpoint push that fails in its thread (the real client, no server) is an error in the log."""
     monkeypatch.setattr(

@@ -91,13 +91,16 @@ def _setting(trainer: Trainer) -> str:
     return f"{what} / hub_model_id={args.hub_model_id!r}"
 
 
-def explain(error: BaseException, setting: str) -> HubError | None:
-    """A `HubError` for a failure of the Hub client, None for any other error."""
+def explain(error: BaseException, setting: str) -> Exception | None:
+    """A `HubError` (a `ValueError` for a bad repository id) for a failure of the Hub client, None
+    for any other error."""
     try:
         from huggingface_hub import errors
         from huggingface_hub.utils import httpx
     except ImportError:
         return None
+    if isinstance(error, errors.HFValidationError):
+        return ValueError(f"{setting}: not a valid Hub repository id (set hub_model_id): {error}")
     if isinstance(error, errors.OfflineModeIsEnabled):
         why = f"could not reach the Hugging Face Hub: offline mode is on (HF_HUB_OFFLINE) ({error})"
     elif isinstance(error, errors.LocalTokenNotFoundError):
