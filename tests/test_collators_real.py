@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import hf_fixtures
+import numpy as np
 import pytest
 import torch
 from hf_fixtures import (
@@ -306,6 +307,43 @@ def test_samples_tokens_and_flos_are_what_the_batches_hold(tokenizer, tmp_path, 
     )
     assert trainer.state.total_flos == pytest.approx(6 * _non_embedding_parameters(model) * tokens, rel=1e-9)
     assert metrics["total_flos"] == trainer.state.total_flos
+
+
+@pytest.mark.parametrize("case_name", list(CASES))
+def test_evaluate_and_predict_take_the_collators_batches_like_dicts(tokenizer, tmp_path, case_name):
+    """Evaluation on the collator's batches gives what the same batches as plain dicts give."""
+    case = CASES[case_name]
+    outputs = []
+    for as_dict in (False, True):
+        model, data, collator = build(case_name, tokenizer, n=10, seed=3, deterministic=True)
+        args = make_args(
+            str(tmp_path / f"dict{as_dict}"),
+            per_device_eval_batch_size=4,
+            remove_unused_columns=not case.keep_columns,
+        )
+        trainer = Trainer(
+            model=model, args=args, eval_dataset=data, data_collator=Recorder(collator, as_dict)
+        )
+        metrics = trainer.evaluate()
+        prediction = trainer.predict(data)
+        outputs.append((metrics, prediction))
+    (metrics, prediction), (plain_metrics, plain_prediction) = outputs
+    assert np.isfinite(metrics["eval_loss"])
+    assert metrics["eval_loss"] == plain_metrics["eval_loss"]
+    assert metrics["eval_samples_per_second"] * metrics["eval_runtime"] == pytest.approx(10, rel=0.05)
+    assert prediction.metrics["test_loss"] == plain_prediction.metrics["test_loss"]
+    logits = (
+        prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+    )
+    plain_logits = (
+        plain_prediction.predictions[0]
+        if isinstance(plain_prediction.predictions, tuple)
+        else plain_prediction.predictions
+    )
+    np.testing.assert_array_equal(logits, plain_logits)
+    np.testing.assert_array_equal(prediction.label_ids, plain_prediction.label_ids)
+    if not case.flattened:  # one row per sample (a flattened batch is one row per batch)
+        assert logits.shape[0] == prediction.label_ids.shape[0] == 10
 
 
 def test_non_padding_tokens_count_the_attention_mask(tokenizer, tmp_path):
