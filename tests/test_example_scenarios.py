@@ -717,9 +717,13 @@ def test_sequence_classification_like_run_glue(pretrained, tmp_path):
     assert reloaded.config.num_labels == 2 and reloaded.config.id2label == {0: 0, 1: 1}
 
 
-def test_token_classification_like_run_ner(pretrained, tmp_path):
+def test_token_classification_like_run_ner(pretrained, tmp_path, capsys):
     out = str(tmp_path / "ner")
     result = run_ner(common_argv(pretrained["bert-mlm"], out, "--do_predict", "--max_seq_length", "40"))
+    printed = capsys.readouterr().out
+    for split in ("train", "eval", "predict"):  # log_metrics' tables
+        assert f"***** {split} metrics *****" in printed, split
+    assert "  predict_accuracy " in printed and "  train_samples " in printed
     assert_common_outcomes(result, out, pretrained["bert-mlm"], 64, {"eval_accuracy"})
     predict = read_json(out, "predict_results.json")
     assert {"predict_loss", "predict_accuracy", "predict_runtime"} <= set(predict)
