@@ -206,7 +206,7 @@ def _full_batch_loss(tok, case_name: str, data, collator) -> float:
 def test_accumulation_4x2_equals_one_batch_of_8(tokenizer, tmp_path, case_name):
     full, d_full, data, collator = _one_step(tokenizer, case_name, str(tmp_path / "full"), ga=1, bs=8)
     accum, d_accum, _, _ = _one_step(tokenizer, case_name, str(tmp_path / "accum"), ga=4, bs=2)
-    # the micro-batches really differ in label counts (what makes the weighting matter)
+    # (test_micro_batches_hold_different_label_counts: what makes the weighting matter here)
     assert full.state.global_step == accum.state.global_step == 1
 
     reference = _full_batch_loss(tokenizer, case_name, data, collator)
