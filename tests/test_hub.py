@@ -5,6 +5,7 @@ network goes through the real client, against a closed loopback port."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -300,3 +301,15 @@ def test_no_network_user_script_gets_a_clear_error(tmp_path):
     assert last.startswith("trainwright.hub.HubError: push_to_hub=True / hub_model_id='me/tiny': ")
     assert "could not reach the Hugging Face Hub (ConnectError" in last
     assert "AttributeError" not in done.stderr
+
+
+def test_sharded_checkpoint_pushes_its_index_and_every_shard(tmp_path, monkeypatch):
+    hub = HubRecorder(monkeypatch)
+    trainer = make_trainer(tmp_path, max_steps=2, save_max_shard_size="20KB")
+    trainer.train()
+    ckpt = os.path.join(trainer.args.output_dir, "checkpoint-2")
+    with open(os.path.join(ckpt, "model.safetensors.index.json"), encoding="utf-8") as f:
+        shards = set(json.load(f)["weight_map"].values())
+    assert len(shards) > 1
+    (upload,) = hub.uploads
+    assert {"model.safetensors.index.json", *shards} <= set(upload["files"])
