@@ -545,3 +545,47 @@ def test_resume_is_exact(tmp_path, name: str) -> None:
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-10"))
     for (key, expected), got in zip(full.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(expected, got), key
+
+
+# ------------------------------------------------------------------------------ CUDA-only optimizers
+
+CUDA_CASES = {
+    "galore_adamw_8bit": (
+        "galore_torch",
+        {"optim_target_modules": ["up"], "optim_args": "rank=8,update_proj_gap=10"},
+        "AdamW8bit",
+    ),
+    "galore_adamw_8bit_layerwise": (
+        "galore_torch",
+        {"optim_target_modules": ["up"], "optim_args": "rank=8,update_proj_gap=10", "max_grad_norm": 0},
+        "LayerWiseOptimizer",
+    ),
+    "adalomo": ("lomo_optim", {"learning_rate": 1e-2}, "AdaLomo"),
+}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="these optimizers run on CUDA only")
+@pytest.mark.parametrize("name", sorted(CUDA_CASES))
+def test_cuda_only_optimizer_trains_on_cuda(tmp_path, name: str) -> None:
+    module, settings, class_name = CUDA_CASES[name]
+    pytest.importorskip(module)
+    trainer = _trains(tmp_path, name, **settings)
+    assert type(trainer.optimizer).__name__ == class_name
+    assert next(trainer.model.parameters()).device.type == "cuda"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="paged memory needs CUDA")
+def test_paged_bitsandbytes_pages_on_cuda(tmp_path) -> None:
+    pytest.importorskip("bitsandbytes")
+    trainer = _trains(tmp_path, "paged_adamw_8bit")
+    assert trainer.optimizer.is_paged
+    assert trainer.optimizer.state[trainer.model.up.weight]["state1"].dtype == torch.uint8
+    # bitsandbytes pages the state of tensors from 1e5 elements on
+    from trainwright.optim import build_optimizer
+
+    big = nn.Linear(512, 512).cuda()
+    cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(trainer.args, big)
+    optimizer = build_optimizer(cls, kwargs, big, 0.0)
+    big(torch.randn(2, 512, device="cuda")).sum().backward()
+    optimizer.step()
+    assert optimizer.state[big.weight]["state1"].is_paged
