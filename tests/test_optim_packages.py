@@ -333,10 +333,18 @@ def test_a_missing_package_is_named_with_its_pip_command(monkeypatch, name, modu
 @pytest.mark.parametrize(
     ("name", "module", "message"),
     [
-        ("adamw_torch_xla", "torch_xla", "pip install torch_xla"),
-        ("adamw_torch_npu_fused", "torch_npu", "pip install torch-npu"),
-        ("adamw_apex_fused", "apex", "pip install apex"),
-        ("adamw_anyprecision", "torchdistx", "pip install torchdistx"),
+        (
+            "adamw_torch_xla",
+            "torch_xla",
+            r"'torch-xla' package on an XLA device \(TPU\): pip install 'torch-xla\[tpu\]'",
+        ),
+        ("adamw_torch_npu_fused", "torch_npu", "'torch-npu' package on an Ascend NPU: pip install torch-npu"),
+        (
+            "adamw_apex_fused",
+            "apex",
+            "'NVIDIA apex' package on CUDA: pip install .* git\\+https://github.com/NVIDIA/apex",
+        ),
+        ("adamw_anyprecision", "torchdistx", "pip install git\\+https://github.com/pytorch/torchdistx"),
     ],
 )
 def test_device_optimizers_name_their_package(name, module, message) -> None:

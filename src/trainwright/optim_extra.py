@@ -66,18 +66,27 @@ _OTHERS = (
 EXTRA_OPTIMIZER_NAMES: tuple[str, ...] = _OTHERS + _BNB + _GALORE + _APOLLO + _SCHEDULE_FREE
 
 
-def _require(module: str, name: str, install: str, minimum: str | None = None) -> ModuleType:
-    """Import `module` for optim=`name`, or say which package to install and how."""
+def _require(
+    module: str,
+    name: str,
+    package: str,
+    install: str | None = None,
+    minimum: str | None = None,
+    device: str | None = None,
+) -> ModuleType:
+    """Import `module` for optim=`name`, or say which package (and device) it needs and how to install it."""
     try:
         mod = importlib.import_module(module)
     except ImportError as error:
-        raise ImportError(f"optim={name!r} needs the {install.split()[-1]!r} package: {install}") from error
+        on = f" on {device}" if device else ""
+        raise ImportError(
+            f"optim={name!r} needs the {package!r} package{on}: {install or 'pip install ' + package}"
+        ) from error
     if minimum is not None:
         from importlib.metadata import version
 
         from packaging.version import Version
 
-        package = install.split()[-1].split("==")[0]
         if Version(version(package)) < Version(minimum):
             raise ImportError(
                 f"optim={name!r} needs {package}>={minimum}: pip install -U '{package}>={minimum}'"
@@ -117,14 +126,23 @@ def _adam_kwargs(args: Any) -> dict[str, Any]:
 def _device_adamw(name: str, args: Any, model: nn.Module | None, extra: dict) -> tuple[type, dict]:
     """AdamW variants that only run on one kind of device."""
     if name == "adamw_torch_xla":
-        mod = _require("torch_xla.amp.syncfree", name, "pip install torch_xla")
-        cls, device, what = mod.AdamW, "xla", "an XLA device (TPU)"
+        device, what = "xla", "an XLA device (TPU)"
+        mod = _require(
+            "torch_xla.amp.syncfree", name, "torch-xla", "pip install 'torch-xla[tpu]'", device=what
+        )
+        cls = mod.AdamW
     elif name == "adamw_torch_npu_fused":
-        mod = _require("torch_npu.optim", name, "pip install torch-npu")
-        cls, device, what = mod.NpuFusedAdamW, "npu", "an Ascend NPU"
+        device, what = "npu", "an Ascend NPU"
+        mod = _require("torch_npu.optim", name, "torch-npu", device=what)
+        cls = mod.NpuFusedAdamW
     else:  # adamw_apex_fused (v4 name)
-        mod = _require("apex.optimizers", name, "pip install apex")
-        cls, device, what = mod.FusedAdam, "cuda", "CUDA (NVIDIA apex built with --cuda_ext)"
+        device, what = "cuda", "CUDA"
+        install = (  # the "apex" on PyPI is another project
+            "pip install -v --no-build-isolation --config-settings '--build-option=--cpp_ext' "
+            "--config-settings '--build-option=--cuda_ext' git+https://github.com/NVIDIA/apex"
+        )
+        mod = _require("apex.optimizers", name, "NVIDIA apex", install, device=what)
+        cls = mod.FusedAdam
     devices = _param_devices(model)
     if devices and devices != {device}:
         raise ValueError(f"optim={name!r} needs the parameters on {what}; they are on {sorted(devices)}")
@@ -132,7 +150,12 @@ def _device_adamw(name: str, args: Any, model: nn.Module | None, extra: dict) ->
 
 
 def _anyprecision(name: str, args: Any, model: nn.Module | None, extra: dict) -> tuple[type, dict]:
-    mod = _require("torchdistx.optimizers", name, "pip install torchdistx")
+    mod = _require(
+        "torchdistx.optimizers",
+        name,
+        "torchdistx",
+        "pip install git+https://github.com/pytorch/torchdistx (not on PyPI)",
+    )
     dtype = lambda key, default: getattr(torch, str(extra.pop(key, default)))  # noqa: E731
     kwargs = {
         **_adam_kwargs(args),
@@ -145,7 +168,7 @@ def _anyprecision(name: str, args: Any, model: nn.Module | None, extra: dict) ->
 
 
 def _bitsandbytes(name: str, args: Any, model: nn.Module | None, extra: dict) -> tuple[type, dict]:
-    bnb = _require("bitsandbytes.optim", name, "pip install bitsandbytes")
+    bnb = _require("bitsandbytes.optim", name, "bitsandbytes")
     kwargs: dict[str, Any] = {"optim_bits": 8 if "8bit" in name else 32}
     if "rmsprop" in name:
         cls = bnb.RMSprop  # upstream passes optim_args straight through
@@ -173,7 +196,7 @@ def _bitsandbytes(name: str, args: Any, model: nn.Module | None, extra: dict) ->
 
 
 def _torchao(name: str, args: Any, model: nn.Module | None, extra: dict) -> tuple[type, dict]:
-    ao = _require("torchao.optim", name, "pip install torchao", minimum="0.11.0")
+    ao = _require("torchao.optim", name, "torchao", minimum="0.11.0")
     cls = ao.AdamW4bit if name == "adamw_torch_4bit" else ao.AdamW8bit
     kwargs = {
         "block_size": int(extra.pop("block_size", 256)),
@@ -184,7 +207,7 @@ def _torchao(name: str, args: Any, model: nn.Module | None, extra: dict) -> tupl
 
 
 def _schedule_free(name: str, args: Any, model: nn.Module | None, extra: dict) -> tuple[type, dict]:
-    sf = _require("schedulefree", name, "pip install schedulefree", minimum="1.4.0")
+    sf = _require("schedulefree", name, "schedulefree", minimum="1.4.0")
     kwargs: dict[str, Any] = {}
     if name == "schedule_free_radam":
         cls = sf.RAdamScheduleFree  # it warms up by itself: no warmup_steps
@@ -203,7 +226,7 @@ def _schedule_free(name: str, args: Any, model: nn.Module | None, extra: dict) -
 
 
 def _stable_adamw(name: str, args: Any, model: nn.Module | None, extra: dict) -> tuple[type, dict]:
-    optimi = _require("optimi", name, "pip install torch-optimi")
+    optimi = _require("optimi", name, "torch-optimi")
     max_lr, kahan_sum = extra.pop("max_lr", None), extra.pop("kahan_sum", None)
     kwargs = {
         **_adam_kwargs(args),
@@ -216,7 +239,7 @@ def _stable_adamw(name: str, args: Any, model: nn.Module | None, extra: dict) ->
 
 
 def _grokadamw(name: str, args: Any, model: nn.Module | None, extra: dict) -> tuple[type, dict]:
-    grok = _require("grokadamw", name, "pip install grokadamw")
+    grok = _require("grokadamw", name, "grokadamw")
     defaults = {
         "alpha_init": 0.98,
         "lamb": 2.0,
@@ -229,7 +252,7 @@ def _grokadamw(name: str, args: Any, model: nn.Module | None, extra: dict) -> tu
 
 
 def _lomo(name: str, args: Any, model: nn.Module | None, extra: dict) -> tuple[type, dict]:
-    lomo = _require("lomo_optim", name, "pip install lomo-optim")
+    lomo = _require("lomo_optim", name, "lomo-optim")
     if model is None:
         raise ValueError(f"optim={name!r} needs the model: pass model= to get_optimizer_cls_and_kwargs")
     if name == "adalomo" and _param_devices(model) != {"cuda"}:
@@ -277,7 +300,7 @@ def _low_rank(name: str, args: Any, model: nn.Module | None, extra: dict) -> tup
     """GaLore and APOLLO: low-rank projection of the targeted Linear weights, optionally layer-wise."""
     layerwise = name.endswith("_layerwise")
     if name.startswith("galore"):
-        galore = _require("galore_torch", name, "pip install galore-torch")
+        galore = _require("galore_torch", name, "galore-torch")
         base = name.removesuffix("_layerwise")
         cls = {
             "galore_adamw": galore.GaLoreAdamW,
@@ -298,7 +321,7 @@ def _low_rank(name: str, args: Any, model: nn.Module | None, extra: dict) -> tup
         if base == "galore_adafactor":
             kwargs.update(scale_parameter=False, relative_step=False)
     else:
-        apollo = _require("apollo_torch", name, "pip install apollo-torch")
+        apollo = _require("apollo_torch", name, "apollo-torch")
         cls = apollo.APOLLOAdamW
         projection = {
             "rank": int(extra.pop("rank", 128)),
