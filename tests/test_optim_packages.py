@@ -535,6 +535,8 @@ def test_trainer_get_optimizer_cls_and_kwargs_has_upstream_signature() -> None:
         "adamw_torch_8bit",
         "adamw_torch_4bit",
         "schedule_free_adamw",
+        "stable_adamw",
+        "grokadamw",
         "lomo",
         "galore_adamw",
         "galore_adamw_layerwise",

@@ -473,11 +473,40 @@ def _state_from_plain(optimizer: torch.optim.Optimizer, state_dict: dict[str, An
     return {**state_dict, "state": state}
 
 
+def _grok_state_out(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    # GrokAdamW keeps its state in group["state"], keyed by the parameter tensors: written as a
+    # list in the group's parameter order
+    for live, packed in zip(optimizer.param_groups, state_dict["param_groups"]):
+        packed["state"] = [live["state"].get(p, {}) for p in live["params"]]
+    return state_dict
+
+
+def _grok_state_in(optimizer: torch.optim.Optimizer) -> None:
+    for group in optimizer.param_groups:  # after loading: key the list back by the live parameters
+        if isinstance(group.get("state"), list):
+            group["state"] = {p: s for p, s in zip(group["params"], group["state"]) if s}
+
+
 def make_checkpointable(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """Let `optimizer.state_dict()` of torchao/GaLore/APOLLO be saved and read with weights_only."""
-    if type(optimizer).__module__.startswith(("torchao.", "galore_torch.", "apollo_torch.")):
+    """Let the optimizer's state_dict() be saved and read with weights_only, and its param groups
+    have from the start the keys that stepping adds, so that a checkpoint matches a fresh optimizer.
+
+    torchao's state tensors and GaLore/APOLLO projectors become plain data; GrokAdamW's in-group
+    state is listed by parameter order; optimi's StableAdamW gets the `step` its first step resets.
+    """
+    module = type(optimizer).__module__
+    if module.startswith(("torchao.", "galore_torch.", "apollo_torch.")):
         optimizer.register_state_dict_post_hook(_state_to_plain)
         optimizer.register_load_state_dict_pre_hook(_state_from_plain)
+    elif module.startswith("grokadamw"):
+        for group in optimizer.param_groups:
+            group.setdefault("state", {})  # what its first step adds
+        optimizer.register_state_dict_post_hook(_grok_state_out)
+        optimizer.register_load_state_dict_post_hook(_grok_state_in)
+    elif module.startswith("optimi.") and type(optimizer).__name__ == "StableAdamW":
+        for group in optimizer.param_groups:
+            # the first step (group["setup"] False) sets it to 0 again
+            group.setdefault("step", torch.tensor(0, dtype=torch.int32))
     return optimizer
 
 
