@@ -92,8 +92,8 @@ V4_V5_CHOICES: dict[str, str] = {
     "initialises the device inside TrainingArguments); runtime.bf16_supported() answers it.",
     "half_precision_backend": 'Accepted (v4); trainwright always uses torch.amp, so values other than "auto" '
     "warn and change nothing. fp16_backend (older v4) maps onto it.",
-    "enable_jit_checkpoint": "Accepted (v5). trainwright's own preemption_signals (default SIGTERM, SIGUSR1) "
-    "name the signals on which training checkpoints and stops; [] turns that off.",
+    "enable_jit_checkpoint": "Accepted (v5). trainwright's own preemption_signals (default SIGTERM, SIGUSR1, "
+    "SIGINT) name the signals on which training checkpoints and stops; [] turns that off.",
     "evaluation_strategy": "Old name of eval_strategy (v4 < 4.46): maps onto it with a warning.",
     "per_gpu_train_batch_size": "Old name (v4): maps onto per_device_train_batch_size with a warning "
     "(likewise per_gpu_eval_batch_size).",
@@ -154,8 +154,8 @@ def _arg(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = N
 
 
 def _default_preemption_signals() -> list[str]:
-    # SIGUSR1 does not exist on Windows.
-    return [name for name in ("SIGTERM", "SIGUSR1") if hasattr(signal, name)]
+    # SIGUSR1 does not exist on Windows. SIGINT (Ctrl-C) saves too; a second Ctrl-C aborts at once.
+    return [name for name in ("SIGTERM", "SIGUSR1", "SIGINT") if hasattr(signal, name)]
 
 
 def _jsonable(value: Any) -> Any:
@@ -403,6 +403,9 @@ class TrainingArguments:
     dataloader_persistent_workers: bool = _arg(False, "Keep workers alive between epochs.")
     dataloader_multiprocessing_context: str | None = _arg(None, "Worker start method.", choices=_MP_CONTEXTS)
     dataloader_in_order: bool = _arg(True, "Return batches in sampler order.")
+    dataloader_timeout: float = _arg(
+        0, "trainwright: seconds to wait for a batch from the workers, then fail (0: forever; needs workers)."
+    )
     remove_unused_columns: bool = _arg(True, "Drop dataset columns the model's forward does not take.")
     train_sampling_strategy: str = _arg("random", "Training sampler.", choices=_SAMPLING_STRATEGIES)
     group_by_length: bool = _arg(False, 'v4: same as train_sampling_strategy="group_by_length".')
@@ -731,6 +734,10 @@ class TrainingArguments:
         if self.dataloader_prefetch_factor is not None and self.dataloader_num_workers == 0:
             raise self._invalid("dataloader_prefetch_factor", "only valid with dataloader_num_workers > 0")
         self._check_int("dataloader_prefetch_factor", 1, optional=True)
+        if not _is_finite(self.dataloader_timeout) or self.dataloader_timeout < 0:
+            raise self._invalid("dataloader_timeout", "expected a number of seconds >= 0 (0: wait forever)")
+        if self.dataloader_timeout > 0 and self.dataloader_num_workers == 0:
+            raise self._invalid("dataloader_timeout", "only applies with dataloader_num_workers > 0")
         if _is_number(self.max_steps) and float(self.max_steps).is_integer():
             self.max_steps = int(self.max_steps)
         if not _is_int(self.max_steps):

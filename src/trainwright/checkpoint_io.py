@@ -119,6 +119,32 @@ def deferred_fsync() -> Iterator[list[str]]:
         _PENDING_FSYNC.reset(token)
 
 
+_WRITING: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("writing", default=None)
+
+
+@contextlib.contextmanager
+def track_writes() -> Iterator[list[str]]:
+    """Within the block, the file a serializer is writing is on the yielded list until it is done, so
+    a failed write can be named even when the serializer's error does not (torch, safetensors)."""
+    writing: list[str] = []
+    token = _WRITING.set(writing)
+    try:
+        yield writing
+    finally:
+        _WRITING.reset(token)
+
+
+@contextlib.contextmanager
+def _writing(path: str) -> Iterator[None]:
+    writing = _WRITING.get()
+    if writing is None:
+        yield
+        return
+    writing.append(path)
+    yield
+    writing.pop()  # only once written: after a failure the list names the file
+
+
 def _make_durable(path: str) -> None:
     pending = _PENDING_FSYNC.get()
     if pending is None:
@@ -246,7 +272,8 @@ def save_torch_state(state: Any, path: str | os.PathLike) -> None:
     """
     path = os.fspath(path)
     _check_weights_only(state, "state", path)
-    torch.save(state, path)
+    with _writing(path):
+        torch.save(state, path)
     _make_durable(path)
 
 
@@ -369,7 +396,8 @@ def _save_state_dict(state_dict: Mapping[str, Any], directory: str, max_bytes: i
         names = {f"model-{i + 1:05d}-of-{n:05d}.safetensors": shard for i, shard in enumerate(shards)}
     for filename, keys in names.items():
         path = os.path.join(directory, filename)
-        save_file({k: tensors[k] for k in keys}, path, metadata=metadata)
+        with _writing(path):
+            save_file({k: tensors[k] for k in keys}, path, metadata=metadata)
         _make_durable(path)
     written = list(names)
     if len(shards) > 1:

@@ -14,12 +14,14 @@ A single process is world size 1 of the same sharding code that DDP ranks run.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import itertools
 import logging
 import math
 import random
+import signal
 import sys
 import warnings
 import weakref
@@ -426,6 +428,12 @@ class _WorkerSetup:
         self.inner = inner
 
     def __call__(self, worker_id: int) -> None:
+        # Ctrl-C reaches every process of the terminal's group. A worker that got it would stop
+        # (torch's worker loop exits on KeyboardInterrupt) and the step being finished before the
+        # preemption checkpoint could not get its batches; the main process decides, and stops
+        # its workers itself.
+        with contextlib.suppress(ValueError, AttributeError):
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         if self.inner is not None:
             self.inner(worker_id)
         info = torch.utils.data.get_worker_info()
@@ -504,7 +512,37 @@ class EpochSeededDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         self.generator.manual_seed(_derive_seed("workers", self.seed, self.epoch, self.rank))
-        return super().__iter__()
+        iterator = super().__iter__()
+        return _NamedTimeout(iterator, self.timeout) if self.timeout and self.num_workers > 0 else iterator
+
+
+class _NamedTimeout:
+    """A DataLoader iterator whose timeout error names the `dataloader_timeout` argument."""
+
+    def __init__(self, inner: Any, timeout: float) -> None:
+        self._inner, self._timeout = inner, timeout
+
+    def __iter__(self) -> _NamedTimeout:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._inner)
+        except RuntimeError as exc:
+            if "timed out" not in str(exc):
+                raise
+            raise RuntimeError(
+                f"No batch came from the DataLoader workers in {self._timeout:g} s "
+                f"(dataloader_timeout={self._timeout:g}): a worker is stuck or too slow. Find what "
+                "blocks the dataset's __getitem__ / the collator, or raise dataloader_timeout "
+                "(0 waits forever)."
+            ) from exc
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 def _default_worker_init() -> Callable[[int], None] | None:
@@ -544,6 +582,8 @@ def make_dataloader(
         kwargs["persistent_workers"] = bool(args.dataloader_persistent_workers)
         if args.dataloader_prefetch_factor is not None:
             kwargs["prefetch_factor"] = args.dataloader_prefetch_factor
+        if getattr(args, "dataloader_timeout", 0):
+            kwargs["timeout"] = float(args.dataloader_timeout)
     return EpochSeededDataLoader(
         dataset,
         seed=seed,

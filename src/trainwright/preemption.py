@@ -1,10 +1,13 @@
-"""Save-and-stop on preemption signals (SIGTERM, SIGUSR1 by default: `preemption_signals`).
+"""Save-and-stop on preemption signals (SIGTERM, SIGUSR1, SIGINT by default: `preemption_signals`).
 
 The handler only records the request; the Trainer acts on it at the end of the current optimizer
-step: it writes a checkpoint, fires on_train_end and exits with status 0. A second signal while
-that checkpoint is being written is recorded and ignored, so it cannot interrupt the save (and
-the save is atomic anyway). Handlers are installed for the duration of `train()` only, and only
-from the main thread (Python delivers signals there).
+step (an evaluation in progress stops at its next batch, its metrics discarded): it writes a
+checkpoint, fires on_train_end and exits with status 0. A second SIGTERM/SIGUSR1 while that
+checkpoint is being written is recorded and ignored, so it cannot interrupt the save (and the save is
+atomic anyway). A second SIGINT (Ctrl-C pressed again) raises KeyboardInterrupt at once: the user
+asked to abort without waiting; a checkpoint being written is then discarded (its temporary folder
+removed) and the previous one stays the newest. Handlers are installed for the duration of
+`train()` only, and only from the main thread (Python delivers signals there).
 """
 
 from __future__ import annotations
@@ -31,8 +34,13 @@ class PreemptionGuard:
         if self.requested is None:
             self.requested = sig
             logger.warning(
-                "Received %s: saving a checkpoint at the end of this step, then stopping.", sig.name
+                "Received %s: saving a checkpoint at the end of this step, then stopping.%s",
+                sig.name,
+                " Press Ctrl-C again to abort without saving." if sig == signal.SIGINT else "",
             )
+        elif sig == signal.SIGINT:
+            logger.warning("Received SIGINT again: aborting without a checkpoint.")
+            raise KeyboardInterrupt
         else:
             logger.warning("Received %s again: already saving and stopping.", sig.name)
 

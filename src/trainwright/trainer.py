@@ -54,6 +54,7 @@ from .optim import build_optimizer as _build_optimizer
 from .optim import create_optimizer as _create_optimizer
 from .optim import get_optimizer_cls_and_kwargs as _get_optimizer_cls_and_kwargs
 from .optim_extra import is_fused_backward, lomo_backward
+from .output_lock import claim_output_dir, create_output_dir
 from .past_state import PastState
 from .preemption import PreemptionGuard
 from .reporters import get_reporting_integration_callbacks
@@ -175,7 +176,7 @@ class Trainer:
         if args.push_to_hub:
             self.init_hf_repo()
         if args.should_save:
-            os.makedirs(args.output_dir, exist_ok=True)
+            create_output_dir(args.output_dir)  # as upstream; an empty path, a file, no permission: named
         self.state = TrainerState(
             is_local_process_zero=self.is_local_process_zero(),
             is_world_process_zero=self.is_world_process_zero(),
@@ -549,7 +550,9 @@ class Trainer:
             )
         resume_path = training_checkpoint.resolve_resume_path(self, resume_from_checkpoint)
         inner_training_loop = batch_size_finder.inner_loop(self, resume_path)  # auto_find_batch_size
+        lock = None
         try:
+            lock = claim_output_dir(self)  # writable, and no other run writing it
             self._start_train_hooks()  # inside the try: a refused hook still ends the call cleanly
             with (
                 PreemptionGuard(args.preemption_signals) as self._preemption,
@@ -573,6 +576,8 @@ class Trainer:
                 self._neftune_hook = None
             self.is_in_train = False
             self._memory_tracker.stop("train")  # no-op when already stopped by a finished run
+            if lock is not None:
+                lock.release()
 
     def _start_train_hooks(self) -> None:
         """Patches and hooks the arguments ask for on the model being trained: Liger kernels, the
@@ -1026,6 +1031,7 @@ class Trainer:
     _signature_columns: list[str] | None = None
     _start_time: float | None = None
     _preemption: PreemptionGuard | None = None
+    _eval_stops_on_preemption = False  # True while the loop's own evaluation runs (stops on preemption)
     _iterable_restored = False
     _deepspeed: Any = None  # deepspeed_engine.DeepSpeedRun while a `deepspeed` run trains
     _train_batch_size: int | None = None  # auto_find_batch_size: the per-device size that fitted
@@ -1069,10 +1075,20 @@ class Trainer:
         elif self.cursor.steps_since_log >= _MAX_UNLOGGED_STEPS:
             self._fold_loss_window()  # bounded window and data_state.json without logging
         if self.control.should_evaluate:
-            metrics = self._evaluate(trial, ignore_keys_for_eval)
-            is_new_best = self._determine_best_metric(metrics=metrics, trial=trial)
-            if self.args.save_strategy == "best":
-                self.control.should_save = is_new_best
+            self._eval_stops_on_preemption = True  # a preemption stops it at its next batch
+            try:
+                metrics = self._evaluate(trial, ignore_keys_for_eval)
+            except _EvaluationPreempted as stopped:
+                metrics = None
+                logger.warning("%s: no evaluation metrics for step %d.", stopped, self.state.global_step)
+            finally:
+                self._eval_stops_on_preemption = False
+            if metrics is not None:
+                is_new_best = self._determine_best_metric(metrics=metrics, trial=trial)
+                if self.args.save_strategy == "best":
+                    self.control.should_save = is_new_best
+            if self._preempted():  # arrived during the evaluation: save and stop all the same
+                self.control.should_save = self.control.should_training_stop = True
         if self.control.should_save:
             self._save_checkpoint(model, trial)
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
@@ -1424,6 +1440,13 @@ class Trainer:
         metrics: dict[str, Any] = {}
         real_rows, dealt = _real_rows(dataloader), 0
         for step, inputs in enumerate(dataloader):
+            if self._eval_stops_on_preemption and self._preempted():
+                if args.past_index >= 0:
+                    self._past_state.swap(training_past)
+                signal_name = getattr(self._preemption.requested, "name", "a preemption signal")
+                raise _EvaluationPreempted(
+                    f"Evaluation stopped by {signal_name} after {step} of {num_batches or '?'} batches"
+                )
             n = batch_size(inputs)
             if real_rows is not None and dealt + n > real_rows:
                 # rows the sampler repeated to even out processes: cut before the forward, so they
@@ -1542,6 +1565,10 @@ class Trainer:
         from .hpo import run_hyperparameter_search
 
         return run_hyperparameter_search(self, *args, **kwargs)
+
+
+class _EvaluationPreempted(Exception):
+    """A preemption signal stopped the in-training evaluation; the checkpoint is written instead."""
 
 
 def _signature_params(fn: Callable) -> list:

@@ -1,0 +1,117 @@
+"""A training job for tests/test_faults_runtime.py, run in its own process:
+
+    python fault_job.py '{"output_dir": ..., "max_steps": 50, "step_sleep": 0.1, ...}'
+
+A small MLP on a fixed dataset. It prints, flushed, one line per event the parent waits for:
+`STARTED <pid>` (train() began: the output_dir lock is held), `STEP <n>` (a step begins),
+`EVAL_BATCH <n>` (an evaluation batch was predicted), `IN_SAVE <step>` (inside a checkpoint's write),
+`DONE <global_step>` (train() returned). Options:
+
+- `step_sleep`: seconds each training step sleeps (a slow job to signal or to compete with);
+- `eval_items`, `eval_item_sleep`: an evaluation set whose every item sleeps (a slow evaluation),
+  evaluated every `eval_steps`;
+- `save_sleep`: seconds a checkpoint's write sleeps after the weights are written (a slow save);
+- `workers`: dataloader workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from trainwright import Trainer, TrainerCallback, TrainingArguments
+
+
+class Data(Dataset):
+    def __init__(self, n: int, item_sleep: float = 0.0) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 8, generator=g)
+        self.y = self.x.sum(-1)
+        self.item_sleep = item_sleep
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict:
+        if self.item_sleep:
+            time.sleep(self.item_sleep)
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    def forward(self, x, labels=None):
+        out = self.net(x).squeeze(-1)
+        return {"loss": nn.functional.mse_loss(out, labels), "logits": out}
+
+
+class Report(TrainerCallback):
+    def __init__(self, step_sleep: float) -> None:
+        self.step_sleep = step_sleep
+        self.eval_batches = 0
+
+    def on_train_begin(self, args, state, control, **kw):
+        print(f"STARTED {os.getpid()}", flush=True)
+
+    def on_step_begin(self, args, state, control, **kw):
+        print(f"STEP {state.global_step + 1}", flush=True)
+        if self.step_sleep:
+            time.sleep(self.step_sleep)
+
+    def on_prediction_step(self, args, state, control, **kw):
+        self.eval_batches += 1
+        print(f"EVAL_BATCH {self.eval_batches}", flush=True)
+
+
+class SlowSaveTrainer(Trainer):
+    save_sleep = 0.0
+
+    def _save(self, output_dir=None, state_dict=None):
+        super()._save(output_dir, state_dict)
+        if self.save_sleep and os.path.basename(output_dir).startswith(".checkpoint-"):
+            print(f"IN_SAVE {self.state.global_step}", flush=True)
+            deadline = time.monotonic() + self.save_sleep
+            while time.monotonic() < deadline:  # short sleeps: a signal's handler runs promptly
+                time.sleep(0.05)
+
+
+def main(cfg: dict) -> None:
+    torch.set_num_threads(1)
+    eval_items = cfg.get("eval_items", 0)
+    args = TrainingArguments(
+        output_dir=cfg["output_dir"],
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=1,
+        max_steps=cfg.get("max_steps", 50),
+        save_steps=cfg.get("save_steps", 1000),
+        logging_steps=1,
+        eval_strategy="steps" if eval_items else "no",
+        eval_steps=cfg.get("eval_steps", 2),
+        dataloader_num_workers=cfg.get("workers", 0),
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=True,
+    )
+    SlowSaveTrainer.save_sleep = cfg.get("save_sleep", 0.0)
+    trainer = SlowSaveTrainer(
+        model=Net(),
+        args=args,
+        train_dataset=Data(64),
+        eval_dataset=Data(eval_items, cfg.get("eval_item_sleep", 0.0)) if eval_items else None,
+        callbacks=[Report(cfg.get("step_sleep", 0.0))],
+    )
+    out = trainer.train()
+    print(f"DONE {out.global_step}", flush=True)
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

@@ -1,0 +1,502 @@
+"""Faults a hostile user causes at run time (issue 9, items 10-12, 14, 15), with real processes,
+signals, files and, where this user may mount, real filesystems:
+
+- two runs writing one output_dir (advisory lock; a SIGKILLed holder does not block the next run);
+- an output_dir that cannot be written (found when training starts, not at the first save);
+- a full disk while writing a checkpoint (the error names checkpoint, file and cause; the previous
+  checkpoint stays the newest complete one);
+- Ctrl-C (saves like SIGTERM; a second Ctrl-C aborts and leaves no hidden folder), a stuck dataloader
+  worker (dataloader_timeout);
+- SIGTERM during a long evaluation (stops at the next batch, saves).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from trainwright import Trainer, TrainerCallback, TrainingArguments, output_lock
+from trainwright import checkpoint as ckpt
+from trainwright.output_lock import LOCK_NAME, OutputDirError, OutputDirInUseError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOB = os.path.join(HERE, "fault_job.py")
+
+
+# ----------------------------------------------------------------------------------------- helpers
+
+
+class _Data(Dataset):
+    def __init__(self, n: int = 32, d: int = 8) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, d, generator=g)
+        self.y = self.x.sum(-1)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+class _Net(nn.Module):
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Linear(width, 1))
+
+    def forward(self, x, labels=None):
+        out = self.net(x).squeeze(-1)
+        return {"loss": nn.functional.mse_loss(out, labels), "logits": out}
+
+
+def _trainer(output_dir, model=None, dataset=None, **kw) -> Trainer:
+    defaults = dict(
+        per_device_train_batch_size=4,
+        max_steps=4,
+        save_steps=2,
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=True,
+    )
+    args = TrainingArguments(output_dir=output_dir, **{**defaults, **kw})
+    return Trainer(model=model or _Net(), args=args, train_dataset=dataset or _Data())
+
+
+class _Job:
+    """tests/fault_job.py in its own process (and session, so a signal to its group stays there)."""
+
+    def __init__(self, cfg: dict) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, JOB, json.dumps(cfg)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=HERE,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+
+    def wait_for(self, prefix: str, timeout: float = 120.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.lines.append(line.rstrip("\n"))
+            if line.startswith(prefix):
+                return line.strip()
+        self.proc.kill()
+        raise AssertionError(
+            f"no {prefix!r} line; exit {self.proc.wait()}; stdout tail {self.lines[-10:]}; "
+            f"stderr {self.proc.stderr.read()[-3000:]}"
+        )
+
+    def finish(self, timeout: float = 120.0) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
+        self.lines += out.splitlines()
+        return self.proc.returncode, "\n".join(self.lines), err
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate()
+
+
+@pytest.fixture
+def jobs():
+    started: list[_Job] = []
+
+    def start(cfg: dict) -> _Job:
+        job = _Job(cfg)
+        started.append(job)
+        return job
+
+    yield start
+    for job in started:
+        job.kill()
+
+
+def _hidden(folder) -> list[str]:
+    return sorted(e for e in os.listdir(folder) if e.startswith(".checkpoint"))
+
+
+@contextlib.contextmanager
+def _mounted_tmpfs(where, size: str, read_only: bool = False):
+    """A real tmpfs at `where`, or a skip where this user may not mount (CI without privileges)."""
+    os.makedirs(where, exist_ok=True)
+    opts = f"size={size}" + (",ro" if read_only else "")
+    try:
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"cannot run mount: {exc}")
+    if done.returncode != 0:
+        pytest.skip(f"mounting a tmpfs is not permitted here: {done.stderr.strip()}")
+    try:
+        yield str(where)
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
+
+
+# ------------------------------------------------------------------- 10: one writer per output_dir
+
+
+def test_second_process_is_refused_while_the_first_trains(tmp_path, jobs):
+    out = str(tmp_path / "out")
+    first = jobs({"output_dir": out, "max_steps": 10_000, "step_sleep": 0.05})
+    pid = int(first.wait_for("STARTED").split()[1])
+    holder = json.loads(open(os.path.join(out, LOCK_NAME)).read())
+    assert holder["pid"] == pid and holder["host"] and holder["started"]
+
+    second = jobs({"output_dir": out, "max_steps": 2, "save_steps": 1})
+    code, stdout, stderr = second.finish()
+    assert code != 0 and "STARTED" not in stdout  # refused before its loop began
+    assert "OutputDirInUseError" in stderr
+    assert f"output_dir={out!r} is in use by another training run (pid {pid} on host" in stderr
+    assert os.listdir(out) == [LOCK_NAME]  # the second run wrote nothing
+
+    first.proc.send_signal(signal.SIGTERM)  # the first one is unharmed: it saves and exits cleanly
+    code, stdout, stderr = first.finish()
+    assert code == 0, stderr[-3000:]
+    assert ckpt.get_last_checkpoint(out) is not None
+    assert LOCK_NAME not in os.listdir(out)  # released (and removed) on exit
+
+
+def test_sigkilled_holder_does_not_block_the_next_run(tmp_path, jobs):
+    out = str(tmp_path / "out")
+    # with dataloader workers: forked from the trainer, they outlive its SIGKILL for a few seconds
+    first = jobs({"output_dir": out, "max_steps": 10_000, "step_sleep": 0.05, "workers": 2})
+    first.wait_for("STEP 2")
+    os.kill(first.proc.pid, signal.SIGKILL)
+    assert first.proc.wait(timeout=60) == -signal.SIGKILL
+    assert os.path.exists(os.path.join(out, LOCK_NAME))  # the file stays, the kernel dropped the lock
+
+    code, stdout, stderr = jobs({"output_dir": out, "max_steps": 2, "save_steps": 1}).finish()
+    assert code == 0, stderr[-3000:]
+    assert "DONE 2" in stdout
+    assert ckpt.get_last_checkpoint(out).endswith("checkpoint-2")
+
+
+def test_lock_in_process_conflict_release_and_unsupported_filesystem(tmp_path, monkeypatch):
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    with output_lock.OutputDirLock(out) as held:
+        assert held.locked
+        with pytest.raises(OutputDirInUseError, match=f"pid {os.getpid()} on host") as info:
+            output_lock.OutputDirLock(out).acquire()  # a second open file description conflicts too
+        assert info.value.holder["pid"] == os.getpid()
+        with pytest.raises(OutputDirInUseError, match="is in use by another training run"):
+            _trainer(out).train()
+    assert os.listdir(out) == []
+    _trainer(out).train()  # released: the next run goes ahead
+    assert LOCK_NAME not in os.listdir(out)
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(output_lock.fcntl, "flock", no_flock)
+    unsupported = str(tmp_path / "nfs")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _trainer(unsupported).train()
+        _trainer(unsupported).train()
+    said = [str(w.message) for w in caught if "cannot be locked" in str(w.message)]
+    assert len(said) == 1 and "No locks available" in said[0] and unsupported in said[0]  # once, then on
+    assert ckpt.get_last_checkpoint(unsupported).endswith("checkpoint-4")
+
+
+# ------------------------------------------------------------- 11: output_dir checked at the start
+
+
+class _CountSteps(TrainerCallback):
+    steps = 0
+
+    def on_step_begin(self, args, state, control, **kw):
+        _CountSteps.steps += 1
+
+
+def _refused_before_a_step(output_dir: str, match: str) -> None:
+    """Refused by the constructor (which creates output_dir, as upstream's) or when train() starts."""
+    _CountSteps.steps = 0
+    with pytest.raises(OutputDirError, match=match):
+        trainer = _trainer(output_dir)
+        trainer.add_callback(_CountSteps)
+        trainer.train()
+    assert _CountSteps.steps == 0
+
+
+def test_output_dir_that_is_a_file_or_empty(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    _refused_before_a_step(str(blocker), f"output_dir={str(blocker)!r} is a file, not a folder")
+    assert blocker.read_text() == "not a folder"
+    _refused_before_a_step(
+        str(blocker / "out"), f"output_dir={str(blocker / 'out')!r} cannot be created: Not a directory"
+    )
+    _refused_before_a_step("", r"output_dir is empty \(''\)")
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root ignores folder permissions")
+def test_output_dir_under_a_read_only_folder_chmod(tmp_path):
+    parent = tmp_path / "locked"
+    parent.mkdir()
+    os.chmod(parent, 0o500)
+    try:
+        _refused_before_a_step(str(parent / "out"), "cannot be created: Permission denied")
+        _refused_before_a_step(str(parent), "is not writable: Permission denied")
+    finally:
+        os.chmod(parent, 0o755)
+
+
+def test_output_dir_on_a_read_only_mount(tmp_path):
+    with _mounted_tmpfs(tmp_path / "ro", "1m", read_only=True) as ro:
+        _refused_before_a_step(
+            os.path.join(ro, "out"),
+            f"output_dir={os.path.join(ro, 'out')!r} cannot be created: Read-only file system.*read-only filesystem",
+        )
+        _refused_before_a_step(ro, f"output_dir={ro!r} is not writable: Read-only file system")
+
+
+def test_output_dir_not_writable_monkeypatched(tmp_path, monkeypatch):
+    """The same refusal for a user who may neither chmod effectively nor mount: the probe write fails."""
+    real_open = os.open
+
+    def refuse_probe(path, flags, mode=0o777, **kw):
+        if os.path.basename(os.fspath(path)).startswith(".trainwright-write-probe-"):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        return real_open(path, flags, mode, **kw)
+
+    monkeypatch.setattr(os, "open", refuse_probe)
+    out = str(tmp_path / "out")
+    _refused_before_a_step(
+        out, f"output_dir={out!r} is not writable: Permission denied .*give this user write permission"
+    )
+    assert os.listdir(out) == []  # no probe left behind
+
+
+# ----------------------------------------------------------------------------- 12: a full disk
+
+
+def _check_full_disk_error(exc: BaseException, out: str, name: str, file: str) -> None:
+    text = str(exc)
+    assert isinstance(exc, ckpt.CheckpointError), text
+    assert f"could not write checkpoint {name!r} in {out}: No space left on device" in text, text
+    assert file in text, text
+    assert "the disk of" in text and "is full" in text
+
+
+def test_disk_full_on_a_real_tmpfs_keeps_the_previous_checkpoint(tmp_path):
+    # An 80k-parameter model: weights 320 KiB, AdamW state 645 KiB, a checkpoint ~1 MiB. On a
+    # 1.56 MiB disk the first fits; the second fails in optimizer.pt (torch's serializer error).
+    with _mounted_tmpfs(tmp_path / "disk", "1600k") as out:
+        trainer = _trainer(out, model=_Net(width=8000), max_steps=4, save_steps=2)
+        with pytest.raises(ckpt.CheckpointError) as info:
+            trainer.train()
+        _check_full_disk_error(info.value, out, "checkpoint-4", "optimizer.pt")
+        assert "RuntimeError" in str(info.value)  # what torch said is kept, after the plain cause
+        assert sorted(os.listdir(out)) == ["checkpoint-2"]  # no hidden folder, no lock left
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert ckpt.get_last_checkpoint(out) == os.path.join(out, "checkpoint-2")
+        assert ckpt.check_checkpoint_files(os.path.join(out, "checkpoint-2")) == []
+
+        # safetensors on the same full disk: the weights file is named too
+        big = nn.Linear(1000, 1000)
+        with pytest.raises(ckpt.CheckpointError) as info:
+            ckpt.write_checkpoint(out, "checkpoint-9", lambda tmp: ckpt.save_model_weights(big, tmp))
+        _check_full_disk_error(info.value, out, "checkpoint-9", "model.safetensors")
+        assert sorted(os.listdir(out)) == ["checkpoint-2"]
+
+
+def test_disk_full_errors_monkeypatched(tmp_path, monkeypatch):
+    """torch's and safetensors' errors as they are raised on a full disk, wherever mounting is refused."""
+    out = str(tmp_path / "out")
+    _trainer(out, max_steps=2, save_steps=2).train()
+
+    def torch_full(obj, f, *a, **kw):
+        with open(f, "wb") as fh:
+            fh.write(b"PK partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+
+    monkeypatch.setattr(torch, "save", torch_full)
+    monkeypatch.setattr(ckpt, "_free_bytes", lambda path: 0)  # what statvfs says on that full disk
+    with pytest.raises(ckpt.CheckpointError) as info:
+        _trainer(out, max_steps=4, save_steps=4).train(resume_from_checkpoint=True)
+    _check_full_disk_error(info.value, out, "checkpoint-4", "while writing optimizer.pt")
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert sorted(os.listdir(out)) == ["checkpoint-2"]
+
+    # the same torch error with space left is still wrapped, naming the file, not called a full disk
+    monkeypatch.setattr(ckpt, "_free_bytes", lambda path: 10**12)
+    with pytest.raises(
+        ckpt.CheckpointError, match=r"'checkpoint-4' .*RuntimeError: \[enforce fail.*optimizer\.pt"
+    ):
+        _trainer(out, max_steps=4, save_steps=4).train(resume_from_checkpoint=True)
+    monkeypatch.undo()
+
+    from safetensors import SafetensorError
+
+    from trainwright import checkpoint_io
+
+    def safetensors_full(tensors, filename, metadata=None):
+        with open(filename, "wb") as fh:
+            fh.write(b"partial")
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(checkpoint_io, "save_file", safetensors_full)
+    with pytest.raises(ckpt.CheckpointError) as info:
+        ckpt.write_checkpoint(out, "checkpoint-5", lambda tmp: ckpt.save_model_weights(_Net(), tmp))
+    _check_full_disk_error(info.value, out, "checkpoint-5", "while writing model.safetensors")
+    assert sorted(os.listdir(out)) == ["checkpoint-2"]
+
+
+# ------------------------------------------------------------------ 14: Ctrl-C and stuck workers
+
+
+def test_ctrl_c_saves_and_exits_0_even_with_workers(tmp_path, jobs):
+    """Ctrl-C in a terminal signals the whole process group: the workers ignore it, the main
+    process finishes the step, saves and exits 0."""
+    out = str(tmp_path / "out")
+    job = jobs({"output_dir": out, "max_steps": 10_000, "step_sleep": 0.05, "workers": 1})
+    job.wait_for("STEP 3")
+    os.killpg(job.proc.pid, signal.SIGINT)
+    code, stdout, stderr = job.finish()
+    assert code == 0, stderr[-3000:]
+    assert "KeyboardInterrupt" not in stderr and "Received SIGINT" in stderr
+    last = ckpt.get_last_checkpoint(out)
+    step = int(last.rsplit("-", 1)[1])
+    assert step >= 3 and f"STEP {step + 1}" not in stdout  # the step ended, then it stopped
+    assert ckpt.verify_checkpoint(last) == [] and _hidden(out) == []
+    assert sorted(os.listdir(out)) == [os.path.basename(last)]
+
+
+def test_second_ctrl_c_aborts_a_save_at_once_and_leaves_no_hidden_folder(tmp_path, jobs):
+    out = str(tmp_path / "out")
+    job = jobs({"output_dir": out, "max_steps": 10_000, "save_steps": 2, "save_sleep": 600})
+    job.wait_for("IN_SAVE 2")  # inside the checkpoint's write, the weights written
+    assert len(_hidden(out)) == 1
+    job.proc.send_signal(signal.SIGINT)  # recorded: the save goes on
+    time.sleep(0.5)
+    assert job.proc.poll() is None
+    sent = time.monotonic()
+    job.proc.send_signal(signal.SIGINT)  # aborts now
+    code, _, stderr = job.finish()
+    assert time.monotonic() - sent < 60  # not the 600 s the save would still take
+    assert code != 0 and "KeyboardInterrupt" in stderr
+    assert "aborting without a checkpoint" in stderr
+    assert _hidden(out) == [] and ckpt.get_last_checkpoint(out) is None
+    assert os.listdir(out) == []  # and the lock is released
+
+
+def test_write_checkpoint_cleans_up_on_keyboard_interrupt_and_system_exit(tmp_path, monkeypatch):
+    earlier = ckpt.write_checkpoint(
+        tmp_path, "checkpoint-1", lambda tmp: ckpt.save_model_weights(_Net(), tmp)
+    )
+
+    for exc in (KeyboardInterrupt, SystemExit(3)):
+
+        def interrupted(tmp, exc=exc):
+            ckpt.save_model_weights(_Net(), tmp)
+            raise exc
+
+        with pytest.raises(type(exc) if isinstance(exc, BaseException) else exc):
+            ckpt.write_checkpoint(tmp_path, "checkpoint-2", interrupted)
+        assert sorted(os.listdir(tmp_path)) == ["checkpoint-1"]
+
+    real_fsync_dir = ckpt.fsync_dir
+
+    def interrupt_commit(path):  # Ctrl-C while the folder is being committed
+        if os.path.basename(os.fspath(path)).startswith(".checkpoint-"):
+            raise KeyboardInterrupt
+        return real_fsync_dir(path)
+
+    monkeypatch.setattr(ckpt, "fsync_dir", interrupt_commit)
+    for name in ("checkpoint-2", "checkpoint-1"):  # a new one, and one replacing a checkpoint
+        with pytest.raises(KeyboardInterrupt):
+            ckpt.write_checkpoint(tmp_path, name, lambda tmp: ckpt.save_model_weights(_Net(), tmp))
+        assert sorted(os.listdir(tmp_path)) == ["checkpoint-1"]
+    assert ckpt.get_last_checkpoint(tmp_path) == earlier
+
+
+class _StuckAt(Dataset):
+    def __init__(self, stuck: int) -> None:
+        self.data, self.stuck = _Data(), stuck
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> dict:
+        if i == self.stuck:
+            time.sleep(3600)  # a worker that never answers
+        return self.data[i]
+
+
+def test_stuck_dataloader_worker_fails_naming_dataloader_timeout(tmp_path):
+    trainer = _trainer(
+        str(tmp_path / "out"),
+        dataset=_StuckAt(stuck=5),
+        dataloader_num_workers=1,
+        dataloader_timeout=3,
+        train_sampling_strategy="sequential",
+        max_steps=8,
+        save_steps=1000,
+    )
+    with pytest.raises(RuntimeError, match=r"dataloader_timeout=3\).*stuck or too slow") as info:
+        trainer.train()
+    assert "DataLoader timed out after 3" in str(info.value.__cause__)
+    assert trainer.state.global_step == 1  # the first batch (items 0-3) came; the second never did
+
+
+def test_dataloader_timeout_argument():
+    assert TrainingArguments(output_dir="x").dataloader_timeout == 0
+    with pytest.raises(ValueError, match="dataloader_timeout=-1 is invalid"):
+        TrainingArguments(output_dir="x", dataloader_timeout=-1)
+    with pytest.raises(
+        ValueError, match="dataloader_timeout=5 is invalid: only applies with dataloader_num_workers"
+    ):
+        TrainingArguments(output_dir="x", dataloader_timeout=5)
+    assert (
+        TrainingArguments(output_dir="x", dataloader_num_workers=1, dataloader_timeout=2.5).dataloader_timeout
+        == 2.5
+    )
+
+
+# ------------------------------------------------------------- 15: SIGTERM during a long evaluation
+
+
+def test_sigterm_during_a_long_evaluation_stops_it_at_the_next_batch(tmp_path, jobs):
+    """An 8 s evaluation (40 batches of 0.2 s) every 2 steps; SIGTERM at its first batch. Waiting for
+    it would take ~8 s more; the run must save and exit within one batch plus the save."""
+    out = str(tmp_path / "out")
+    job = jobs(
+        {"output_dir": out, "max_steps": 100, "eval_items": 40, "eval_item_sleep": 0.2, "eval_steps": 2}
+    )
+    job.wait_for("EVAL_BATCH 1")
+    sent = time.monotonic()
+    job.proc.send_signal(signal.SIGTERM)
+    code, stdout, stderr = job.finish()
+    took = time.monotonic() - sent
+    assert code == 0, stderr[-3000:]
+    assert took < 4.0, f"{took:.1f} s from SIGTERM to exit"  # generous: one batch is 0.2 s
+    assert "EVAL_BATCH 10" not in stdout
+    assert "Evaluation stopped by SIGTERM after" in stderr
+    last = ckpt.get_last_checkpoint(out)
+    assert last == os.path.join(out, "checkpoint-2") and ckpt.verify_checkpoint(last) == []
+    state = json.loads(open(os.path.join(last, "trainer_state.json")).read())
+    assert not any("eval_loss" in row for row in state["log_history"])  # no partial metrics recorded
