@@ -599,3 +599,16 @@ def test_paged_bitsandbytes_pages_on_cuda(tmp_path) -> None:
     big(torch.randn(2, 512, device="cuda")).sum().backward()
     optimizer.step()
     assert optimizer.state[big.weight]["state1"].is_paged
+
+
+def test_an_overridden_get_optimizer_cls_and_kwargs_is_used(tmp_path) -> None:
+    class MyTrainer(Trainer):
+        @staticmethod
+        def get_optimizer_cls_and_kwargs(args, model=None):
+            return torch.optim.SGD, {"lr": 0.05, "momentum": 0.5}
+
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=2, report_to="none", save_strategy="no")
+    trainer = MyTrainer(model=Net(), args=args, train_dataset=TokenSum())
+    trainer.train()
+    assert isinstance(trainer.optimizer, torch.optim.SGD)
+    assert trainer.optimizer.param_groups[0]["momentum"] == 0.5

@@ -278,9 +278,15 @@ def build_optimizer(
     return optimizer
 
 
-def create_optimizer(model: nn.Module, args: Any) -> torch.optim.Optimizer:
-    """Build the `args.optim` optimizer over `decay_param_groups(model, args.weight_decay)`."""
-    cls, kwargs = get_optimizer_cls_and_kwargs(args, model)
+def create_optimizer(
+    model: nn.Module, args: Any, cls_and_kwargs: tuple[Any, dict[str, Any]] | None = None
+) -> torch.optim.Optimizer:
+    """Build the `args.optim` optimizer over `decay_param_groups(model, args.weight_decay)`.
+
+    `cls_and_kwargs` replaces `get_optimizer_cls_and_kwargs(args, model)` (a Trainer passes its
+    own, possibly overridden, method's answer).
+    """
+    cls, kwargs = cls_and_kwargs if cls_and_kwargs is not None else get_optimizer_cls_and_kwargs(args, model)
     if "weight_decay" in kwargs and kwargs["weight_decay"] != args.weight_decay:
         raise ValueError(
             f"optim_args sets weight_decay={kwargs['weight_decay']} but weight decay comes from "

@@ -449,8 +449,9 @@ class Trainer:
             if self.optimizer_cls_and_kwargs is not None:
                 cls, kwargs = self.optimizer_cls_and_kwargs
                 self.optimizer = _build_optimizer(cls, kwargs, model, self.args.weight_decay)
-            else:
-                self.optimizer = _create_optimizer(model, self.args)
+            else:  # through the static method, so that a subclass's override is used (as upstream)
+                cls_and_kwargs = self.get_optimizer_cls_and_kwargs(self.args, model)
+                self.optimizer = _create_optimizer(model, self.args, cls_and_kwargs)
         return self.optimizer
 
     @staticmethod
