@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from trainwright import Trainer, TrainingArguments
+from trainwright import Trainer, TrainerCallback, TrainingArguments
 from trainwright.optim import get_optimizer_cls_and_kwargs
 from trainwright.optim_extra import EXTRA_OPTIMIZER_NAMES, LayerWiseOptimizer
 
@@ -184,39 +184,27 @@ def test_bitsandbytes_8bit_keeps_8bit_state_and_fp32_embeddings(tmp_path) -> Non
     assert state[trainer.model.embed.weight]["state1"].dtype == torch.float32
 
 
-class ModeRecorder:
+class ModeRecorder(TrainerCallback):
     """Records the schedule-free `train_mode` flag at each prediction step and optimizer step."""
 
     def __init__(self) -> None:
         self.at_prediction: list[bool] = []
         self.at_step: list[bool] = []
 
-    def callback(self):
-        from trainwright import TrainerCallback
+    def on_prediction_step(self, args, state, control, optimizer=None, **kwargs):
+        self.at_prediction.append(optimizer.param_groups[0]["train_mode"])
 
-        recorder = self
-
-        class Callback(TrainerCallback):
-            def on_prediction_step(self, args, state, control, **kwargs):
-                optimizer = kwargs.get("optimizer") or trainer_ref[0].optimizer
-                recorder.at_prediction.append(optimizer.param_groups[0]["train_mode"])
-
-            def on_pre_optimizer_step(self, args, state, control, **kwargs):
-                recorder.at_step.append(trainer_ref[0].optimizer.param_groups[0]["train_mode"])
-
-        trainer_ref: list[Trainer] = []
-        return Callback(), trainer_ref
+    def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        self.at_step.append(optimizer.param_groups[0]["train_mode"])
 
 
 @pytest.mark.parametrize("name", ["schedule_free_adamw", "schedule_free_sgd", "schedule_free_radam"])
 def test_schedule_free_swaps_weights_around_evaluation(tmp_path, name: str) -> None:
     pytest.importorskip("schedulefree")
     recorder = ModeRecorder()
-    callback, ref = recorder.callback()
     lr = CPU_CASES[name][1].get("learning_rate", 1e-2)
     trainer = _trainer(tmp_path, name, steps=30, learning_rate=lr, eval_strategy="steps", eval_steps=10)
-    trainer.add_callback(callback)
-    ref.append(trainer)
+    trainer.add_callback(recorder)
     trainer.train()
     # evaluation ran on the averaged (eval) weights, every optimizer step on the training weights
     assert recorder.at_prediction and not any(recorder.at_prediction)
