@@ -1440,8 +1440,13 @@ class Trainer:
         num_batches = len(dataloader) if data_utils.has_length(dataloader) else None
         metrics: dict[str, Any] = {}
         real_rows, dealt = _real_rows(dataloader), 0
+        # checked before every batch; with several processes a collective, so only where every
+        # process has the same number of batches (a sized loader: the sampler evens them out)
+        stop_on_preemption = self._eval_stops_on_preemption and (
+            not self.runtime.distributed or num_batches is not None
+        )
         for step, inputs in enumerate(dataloader):
-            if self._eval_stops_on_preemption and self._preempted():
+            if stop_on_preemption and self._preempted():
                 if args.past_index >= 0:
                     self._past_state.swap(training_past)
                 signal_name = getattr(self._preemption.requested, "name", "a preemption signal")
