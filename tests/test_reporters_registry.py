@@ -73,7 +73,7 @@ def test_as_scalar_accepts_numbers_and_one_element_tensors():
 def test_registry_names_and_targets_resolve():
     expected = {
         "tensorboard", "mlflow", "wandb", "comet_ml", "neptune", "clearml", "dvclive",
-        "codecarbon", "azure_ml", "dagshub", "flyte", "jsonl", "csv",
+        "codecarbon", "azure_ml", "dagshub", "flyte", "swanlab", "kubeflow", "jsonl", "csv",
     }  # fmt: skip
     assert set(INTEGRATION_TO_CALLBACK) == expected
     for name in expected:

@@ -21,13 +21,38 @@ from .callbacks import (
     SpeedMonitor,
 )
 from .checkpoint import get_last_checkpoint
+from .data import default_data_collator
 from .events import CallbackHandler, TrainerCallback
+from .integrations import (
+    is_clearml_available,
+    is_comet_available,
+    is_dvclive_available,
+    is_neptune_available,
+    is_optuna_available,
+    is_swanlab_available,
+    is_tensorboard_available,
+    is_wandb_available,
+)
 from .metrics import EvalPrediction, PredictionOutput, TrainOutput
-from .schedules import get_scheduler
+from .schedules import (
+    get_constant_schedule,
+    get_constant_schedule_with_warmup,
+    get_cosine_schedule_with_warmup,
+    get_cosine_with_hard_restarts_schedule_with_warmup,
+    get_cosine_with_min_lr_schedule_with_warmup,
+    get_cosine_with_min_lr_schedule_with_warmup_lr_rate,
+    get_inverse_sqrt_schedule,
+    get_linear_schedule_with_warmup,
+    get_polynomial_decay_schedule_with_warmup,
+    get_reduce_on_plateau_schedule,
+    get_scheduler,
+    get_wsd_schedule,
+)
 from .seed import enable_full_determinism, set_seed
 from .seq2seq import Seq2SeqTrainer
 from .state import TrainerControl, TrainerState
 from .trainer import Trainer
+from .trainer_utils import torch_distributed_zero_first
 
 __version__ = "0.1.0"
 
@@ -53,8 +78,29 @@ __all__ = [
     "TrainerControl",
     "TrainerState",
     "TrainingArguments",
+    "default_data_collator",
     "enable_full_determinism",
+    "get_constant_schedule",
+    "get_constant_schedule_with_warmup",
+    "get_cosine_schedule_with_warmup",
+    "get_cosine_with_hard_restarts_schedule_with_warmup",
+    "get_cosine_with_min_lr_schedule_with_warmup",
+    "get_cosine_with_min_lr_schedule_with_warmup_lr_rate",
+    "get_inverse_sqrt_schedule",
     "get_last_checkpoint",
+    "get_linear_schedule_with_warmup",
+    "get_polynomial_decay_schedule_with_warmup",
+    "get_reduce_on_plateau_schedule",
     "get_scheduler",
+    "get_wsd_schedule",
+    "is_clearml_available",
+    "is_comet_available",
+    "is_dvclive_available",
+    "is_neptune_available",
+    "is_optuna_available",
+    "is_swanlab_available",
+    "is_tensorboard_available",
+    "is_wandb_available",
     "set_seed",
+    "torch_distributed_zero_first",
 ]

@@ -6,15 +6,36 @@ import dataclasses
 import json
 import math
 import warnings
+from abc import ABC
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 
-@runtime_checkable
-class ExportableState(Protocol):
-    """A callback whose state is saved in checkpoints: `state()` and classmethod `from_state`."""
+# ABC only for __subclasshook__: the base has a default for each method, none is abstract.
+class ExportableState(ABC):  # noqa: B024
+    """A callback whose state is saved in checkpoints: `state()` and classmethod `from_state`.
 
-    def state(self) -> dict: ...
+    As upstream, inherit from it and implement `state()` returning {"args": constructor kwargs,
+    "attributes": values to set afterwards}; `from_state` rebuilds the object from that dict. Any
+    class with a `state` method also counts as one (`isinstance`), so callbacks written before this
+    base class existed keep being saved."""
+
+    def state(self) -> dict:
+        raise NotImplementedError(f"{type(self).__name__} must implement state() to be saved in checkpoints")
+
+    @classmethod
+    def from_state(cls, state: dict) -> Any:
+        """`cls(**state["args"])` with `state["attributes"]` set on it."""
+        instance = cls(**state.get("args", {}))
+        for name, value in state.get("attributes", {}).items():
+            setattr(instance, name, value)
+        return instance
+
+    @classmethod
+    def __subclasshook__(cls, subclass: type) -> bool:
+        if cls is ExportableState:
+            return callable(getattr(subclass, "state", None)) or NotImplemented
+        return NotImplemented
 
 
 def _write_json(obj: dict, path: str) -> None:
@@ -92,7 +113,7 @@ class TrainerState:
 
 
 @dataclass
-class TrainerControl:
+class TrainerControl(ExportableState):
     """Flags callbacks set to steer the loop; reset by the callback handler as upstream does."""
 
     should_training_stop: bool = False

@@ -30,11 +30,17 @@ Environment variables, per reporter (read when the reporter is created; bad valu
   HF_DAGSHUB_LOG_ARTIFACTS, HF_DAGSHUB_MODEL_NAME (default "main"), BRANCH (default "main"), and
   every mlflow variable above.
 - flyte: none ("all" includes it only when FLYTE_INTERNAL_EXECUTION_ID is set).
+- swanlab: SWANLAB_PROJECT, SWANLAB_LOG_MODEL (accepted, warned: SwanLab stores no models),
+  SWANLAB_RUN_ID / SWANLAB_RESUME; swanlab reads SWANLAB_MODE (local/offline/cloud/disabled),
+  SWANLAB_LOG_DIR, SWANLAB_API_KEY, SWANLAB_WORKSPACE.
+- kubeflow (no package): KUBEFLOW_TRAINER_SERVER_URL (required; "all" includes it only when set),
+  KUBEFLOW_TRAINER_SERVER_CA_CERT, KUBEFLOW_TRAINER_SERVER_TOKEN, DISABLE_KUBEFLOW_INTEGRATION.
 - jsonl / csv (trainwright's own, no package): none; they write output_dir/logs.jsonl or logs.csv.
 
 "all" leaves out, with one info line each saying why: reporters whose package is not installed
 (silently), reporters that would need credentials they do not have (W&B, Comet, Neptune, ClearML
-online without keys), those tied to a platform they are not running on (Azure ML, Flyte, DagsHub),
+online without keys, SwanLab in cloud mode without a key), those tied to a platform they are not
+running on (Azure ML, Flyte, DagsHub, Kubeflow),
 those turned off by their own variable (WANDB_DISABLED, COMET_MODE=disabled), and "csv" (the same
 rows as "jsonl", which it does include).
 """
@@ -72,6 +78,8 @@ INTEGRATION_TO_CALLBACK: dict[str, str] = {
     "dagshub": "trainwright.reporters.dagshub:DagsHubCallback",
     "flyte": "trainwright.reporters.flyte:FlyteCallback",
     "dvclive": "trainwright.reporters.dvclive:DVCLiveCallback",
+    "swanlab": "trainwright.reporters.swanlab:SwanLabCallback",
+    "kubeflow": "trainwright.reporters.kubeflow:KubeflowCallback",
     "jsonl": "trainwright.reporters.files:JsonlCallback",
     "csv": "trainwright.reporters.files:CsvCallback",
 }

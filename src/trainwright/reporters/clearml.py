@@ -59,6 +59,10 @@ class ClearMLCallback(Reporter):
             return None
         return "no ClearML configuration (clearml.conf or CLEARML_API_* keys) and CLEARML_OFFLINE_MODE is not set"
 
+    def setup(self, args: Any, state: Any, model: Any, processing_class: Any = None, **kwargs: Any) -> None:
+        """Open (or join) the ClearML task and connect the arguments, as `on_train_begin` does."""
+        self._setup(args, state, model)
+
     def _setup(self, args: Any, state: Any, model: Any) -> None:
         from clearml import Task
 

@@ -72,6 +72,10 @@ class CometCallback(Reporter):
             return None
         return "no Comet API key (COMET_API_KEY or ~/.comet.config) and COMET_MODE is not offline"
 
+    def setup(self, args: Any, state: Any, model: Any) -> None:
+        """Start (or join) the Comet experiment and log parameters, as `on_train_begin` does."""
+        self._setup(args, state, model)
+
     def _setup(self, args: Any, state: Any, model: Any) -> None:
         import comet_ml
 

@@ -52,13 +52,17 @@ class DVCLiveCallback(Reporter):
         self.live = Live(**kwargs)
         self._own_live = True
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def setup(self, args: Any, state: Any, model: Any = None) -> None:
+        """Create the `Live` (unless one was given) and log the arguments, as `on_train_begin` does."""
         if self.live is None:
             self._setup(args, state)
         params = {
             k: v for k, v in args.to_dict().items() if isinstance(v, (bool, int, float, str, type(None)))
         }
         self.live.log_params(params)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.setup(args, state, kwargs.get("model"))
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs:

@@ -81,6 +81,10 @@ class MLflowCallback(Reporter):
         mlflow.set_tracking_uri(_default_store_uri)
         logger.info("MLflow: no MLFLOW_TRACKING_URI set, logging to the local store %s", store)
 
+    def setup(self, args: Any, state: Any, model: Any) -> None:
+        """Start (or resume/join) the MLflow run and log parameters, as `on_train_begin` does."""
+        self._start(args, state, model)
+
     def _start(self, args: Any, state: Any, model: Any) -> None:
         import mlflow
 

@@ -86,6 +86,16 @@ class NeptuneCallback(Reporter):
         )
         self._own_run = True
 
+    @classmethod
+    def get_run(cls, trainer: Any) -> Any:
+        """The Neptune run of the NeptuneCallback attached to `trainer` (created now if training
+        has not started yet), for logging more into it."""
+        for callback in trainer.callback_handler.callbacks:
+            if isinstance(callback, cls):
+                callback._ensure_run(trainer.args, trainer.state)
+                return callback.run
+        raise ValueError("The trainer doesn't have a NeptuneCallback configured.")
+
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._ensure_run(args, state)
         if not self.log_parameters:

@@ -79,6 +79,11 @@ class WandbCallback(Reporter):
             return "no W&B credentials (WANDB_API_KEY or `wandb login`) and WANDB_MODE is not offline"
         return None
 
+    def setup(self, args: Any, state: Any, model: Any, **kwargs: Any) -> None:
+        """Start (or join) the W&B run and log the config, as `on_train_begin` does (transformers'
+        public hook: subclass and override it to customise the run)."""
+        self._setup(args, state, model)
+
     def _setup(self, args: Any, state: Any, model: Any) -> None:
         import wandb
 
