@@ -11,7 +11,8 @@ A small MLP on a fixed dataset. It prints, flushed, one line per event the paren
 - `eval_items`, `eval_item_sleep`: an evaluation set whose every item sleeps (a slow evaluation),
   evaluated every `eval_steps`;
 - `save_sleep`: seconds a checkpoint's write sleeps after the weights are written (a slow save);
-- `workers`: dataloader workers.
+- `workers`: dataloader workers (`mp_context`: their start method); `train_item_sleep`: seconds each training item takes to load (the
+  main process then mostly waits for a worker).
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ def main(cfg: dict) -> None:
         eval_strategy="steps" if eval_items else "no",
         eval_steps=cfg.get("eval_steps", 2),
         dataloader_num_workers=cfg.get("workers", 0),
+        dataloader_multiprocessing_context=cfg.get("mp_context"),
         report_to="none",
         disable_tqdm=True,
         use_cpu=True,
@@ -105,7 +107,7 @@ def main(cfg: dict) -> None:
     trainer = SlowSaveTrainer(
         model=Net(),
         args=args,
-        train_dataset=Data(64),
+        train_dataset=Data(64, cfg.get("train_item_sleep", 0.0)),
         eval_dataset=Data(eval_items, cfg.get("eval_item_sleep", 0.0)) if eval_items else None,
         callbacks=[Report(cfg.get("step_sleep", 0.0))],
     )
