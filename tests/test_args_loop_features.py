@@ -155,6 +155,7 @@ class BatchLimitedMLP(DropoutMLP):
         self.refused: list[int] = []
 
     def forward(self, x, labels=None):
+        out = super().forward(x, labels)  # dropout draws random numbers before the failure
         if self.training and x.shape[0] > self.limit:
             self.refused.append(x.shape[0])
             if self.kind == "cpu_allocator":
@@ -164,7 +165,7 @@ class BatchLimitedMLP(DropoutMLP):
             raise torch.OutOfMemoryError(
                 f"CUDA out of memory. Tried to allocate {x.shape[0]} GiB. GPU 0 has a total capacity of 1 GiB"
             )
-        return super().forward(x, labels)
+        return out
 
 
 @pytest.mark.parametrize(
@@ -199,6 +200,17 @@ def test_auto_find_batch_size_shrinks_records_and_resumes_with_the_found_size(
     assert args.per_device_train_batch_size == 8  # the caller's arguments are given back unchanged
     assert trainer._train_batch_size == 5
     final = final_params(model)
+
+    # The retry trains exactly as a run started at the size found (same seed, same data order).
+    direct_model = BatchLimitedMLP(limit=5, kind=kind)
+    direct_args = make_args(
+        use_cpu=kind != "cuda_allocator",
+        per_device_train_batch_size=5,
+        num_train_epochs=1,
+        output_dir=str(tmp_path / "direct"),
+    )
+    Trainer(model=direct_model, args=direct_args, train_dataset=data).train()
+    assert all(torch.equal(a, b) for a, b in zip(final, final_params(direct_model)))
 
     # A resume with auto_find_batch_size starts from the checkpoint's size: no out-of-memory try.
     ckpt = os.path.join(args.output_dir, "checkpoint-4")

@@ -1,11 +1,13 @@
 """`auto_find_batch_size`: retry training with a smaller batch after an out-of-memory error.
 
 As accelerate's `find_executable_batch_size` (which transformers uses): on an out-of-memory error
-the per-device train batch size is multiplied by 0.9 (at least one less) and the inner training loop
-starts again from scratch; at zero it gives up. Between tries the failed attempt's references are
-dropped, garbage is collected and the device cache emptied. The size that fits is recorded in
-`TrainerState.train_batch_size` (so in every checkpoint), and a resume with `auto_find_batch_size`
-starts from it. Only the training batch is searched: an evaluation out of memory is an error.
+the per-device train batch size is multiplied by 0.9 (rounded down) and the inner training loop
+starts again; at zero it gives up. Between tries the failed try's references are dropped, garbage
+is collected, the device cache emptied and the seed set again, so a retry that failed before its
+first optimizer step trains exactly as a run started at the smaller size. The size that fits is
+recorded in `TrainerState.train_batch_size` (so in every checkpoint), and a resume with
+`auto_find_batch_size` starts from it. Only the training batch is searched: an evaluation out of
+memory is an error.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from . import device_cache
+from .seed import enable_full_determinism, set_seed
 from .state import TrainerState
 
 if TYPE_CHECKING:
@@ -103,6 +106,13 @@ def train_with_search(trainer: Trainer, resume_path: str | None, run: Callable[[
         return run(batch_size)
 
     def reset() -> None:
+        cursor = trainer.cursor
+        if cursor.steps_applied > cursor.first_step_of_call:
+            logger.warning(
+                "auto_find_batch_size: the out-of-memory error came after %d optimizer steps; the retry "
+                "starts from the weights and optimizer state they left (as transformers does).",
+                cursor.steps_applied - cursor.first_step_of_call,
+            )
         trainer.model_wrapped = trainer.model  # drop the failed try's wrapper (DDP buckets, compile)
         if trainer.optimizer is not None:
             trainer.optimizer.zero_grad(set_to_none=True)
@@ -110,6 +120,12 @@ def train_with_search(trainer: Trainer, resume_path: str | None, run: Callable[[
             trainer.lr_scheduler = None  # re-made for the new number of steps
         trainer._losses = None
         device_cache.empty_device_cache(trainer.runtime.device, collect_garbage=True)
+        # The random streams start again as at the first try: dropout and data order of the retry are
+        # those of a run started at this batch size.
+        if args.full_determinism:
+            enable_full_determinism(args.seed)
+        else:
+            set_seed(args.seed)
 
     try:
         return find_executable_batch_size(attempt, start, on_retry=reset)

@@ -10,6 +10,7 @@ memory and leaves the training memory as it was (v4 deleted it, which failed the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -27,8 +28,8 @@ class PastState:
         """`inputs` with the last memory as `mems` (unchanged while there is none)."""
         if self.past is None:
             return inputs
-        if not isinstance(inputs, dict):
-            raise ValueError(f"past_index={self.index}: batches must be dicts to receive `mems`.")
+        if not isinstance(inputs, Mapping):
+            raise ValueError(f"past_index={self.index}: batches must be mappings to receive `mems`.")
         return {**inputs, "mems": self.past}
 
     def keep(self, outputs: Any, without_loss: bool = False) -> None:
