@@ -133,6 +133,7 @@ def test_neftune_refused_on_a_model_without_input_embeddings(make_args):
     trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset())
     with pytest.raises(ValueError, match="neftune_noise_alpha.*get_input_embeddings"):
         trainer.train()
+    assert not trainer.is_in_train  # the refusal ends the call cleanly
 
 
 def test_neftune_alpha_validated(make_args):
