@@ -203,7 +203,7 @@ def test_plot_of_a_real_training_run(make_args):
         train_dataset=RegressionDataset(),
         eval_dataset=RegressionDataset(length=16, seed=1),
         compute_metrics=mae,
-        callbacks=[SpeedMonitor()],
+        callbacks=[SpeedMonitor(window_size=1)],  # a full window (two step ends) at every log row
     )
     trainer.train()
     trainer.save_state()

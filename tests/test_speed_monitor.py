@@ -139,22 +139,24 @@ def test_window_rolls_over_the_last_window_size_steps(clock):
     assert logs["throughput/samples_per_sec"] == (10 + 12) / (10.0 - 2.0)
 
 
-def test_partial_window_is_reported_from_two_step_ends(clock):
-    loop = Loop(single(window_size=100), clock)
+def test_rates_wait_for_a_full_window_as_composer(clock):
+    # Composer's SpeedMonitor keeps window_size + 1 batch ends and logs rates once it has them all.
+    loop = Loop(single(window_size=3), clock)
     loop.begin(0.0)
-    loop.step(1.0)
-    logs = loop.log(1.0)
-    assert not any(k.startswith("throughput/") for k in logs)
-    assert logs["time/train"] == 1.0
-    loop.step(3.0, samples=6)
-    logs = loop.log(3.0)
-    assert logs["throughput/batches_per_sec"] == 0.5
-    assert logs["throughput/samples_per_sec"] == 3.0
+    for t in (1.0, 2.0, 3.0):  # step window_size: the window spans only 2 steps
+        loop.step(t)
+        logs = loop.log(t)
+        assert not any(k.startswith("throughput/") for k in logs)
+        assert logs["time/train"] == t
+    loop.step(5.0, samples=6)  # step window_size + 1: 3 steps between the ends of steps 1 and 4
+    logs = loop.log(5.0)
+    assert logs["throughput/batches_per_sec"] == 3 / 4.0
+    assert logs["throughput/samples_per_sec"] == (8 + 8 + 6) / 4.0
 
 
 def test_optional_keys_need_tokens_flops_and_a_peak(clock, caplog):
     caplog.set_level(logging.INFO, logger="trainwright.callbacks.speed_monitor")
-    loop = Loop(single(), clock)  # CPU, no gpu_flops_available: MFU is off
+    loop = Loop(single(window_size=1), clock)  # CPU, no gpu_flops_available: MFU is off
     loop.begin(0.0)
     assert loop.monitor.peak_flops is None
     assert "no MFU on cpu" in caplog.text
@@ -166,7 +168,7 @@ def test_optional_keys_need_tokens_flops_and_a_peak(clock, caplog):
     assert "throughput/device/mfu" not in logs
     assert "throughput/tokens_per_sec" not in logs and "throughput/device/tokens_per_sec" not in logs
 
-    loop = Loop(single(gpu_flops_available=1e10), clock)
+    loop = Loop(single(window_size=1, gpu_flops_available=1e10), clock)
     loop.begin(0.0)
     assert "MFU against 0.01 TFLOP/s (gpu_flops_available)" in caplog.text
     loop.step(1.0)
@@ -177,7 +179,7 @@ def test_optional_keys_need_tokens_flops_and_a_peak(clock, caplog):
 
 def test_sum_over_processes_and_per_device_division(clock):
     runtime = TwoRankRuntime(other=(40.0, 400.0, 4e9))
-    monitor = SpeedMonitor(window_size=10, gpu_flops_available=1e9, time_unit="seconds", runtime=runtime)
+    monitor = SpeedMonitor(window_size=2, gpu_flops_available=1e9, time_unit="seconds", runtime=runtime)
     loop = Loop(monitor, clock)
     loop.begin(0.0)
     loop.step(0.0)
@@ -211,7 +213,7 @@ def test_time_unit(clock, unit, divider):
 
 
 def test_evaluation_is_excluded_from_the_window_and_reported_as_val(clock):
-    loop = Loop(single(window_size=10), clock)
+    loop = Loop(single(window_size=2), clock)
     loop.begin(0.0)
     loop.step(1.0, samples=10)
     loop.step(2.0, samples=10)
@@ -230,7 +232,8 @@ def test_evaluation_is_excluded_from_the_window_and_reported_as_val(clock):
     loop.step(111.0, samples=10)
     logs = loop.log(111.0)
     assert logs["time/val"] == 105.0
-    assert logs["throughput/samples_per_sec"] == 30 / (111.0 - 1.0 - 105.0)
+    # the window now starts at the step end at 2.0: 20 samples in (111 - 105) - 2 training seconds
+    assert logs["throughput/samples_per_sec"] == 20 / (111.0 - 105.0 - 2.0)
 
 
 def test_evaluation_without_a_runtime_metric_warns_once(clock, caplog):
@@ -297,7 +300,7 @@ def test_defaults_match_composer_and_the_trainer_is_asked_for_flops():
 
 
 def test_events_arrive_through_the_callback_handler(clock):
-    monitor = single(window_size=5)
+    monitor = single(window_size=2)
     handler = CallbackHandler([monitor], model=None, processing_class=None, optimizer=None, lr_scheduler=None)
     cursor = LoopCursor()
     handler.cursor = cursor
@@ -352,7 +355,7 @@ def _two_process_worker(rank: int, port: int, out_dir: str) -> None:
         clock = Clock()
         sm._now = clock
         runtime = Runtime(device=CPU, rank=rank, world_size=2, backend="gloo")
-        loop = Loop(SpeedMonitor(window_size=4, time_unit="seconds", runtime=runtime), clock)
+        loop = Loop(SpeedMonitor(window_size=2, time_unit="seconds", runtime=runtime), clock)
         loop.begin(0.0)
         for t in (1.0, 2.0, 3.0):
             loop.step(t, samples=8 if rank == 0 else 4, tokens=0, flops=1e6 * (rank + 1))

@@ -431,7 +431,10 @@ def save_model_weights(
         kwargs: dict[str, Any] = {"is_main_process": is_main_process, "state_dict": state_dict}
         if "safe_serialization" in inspect.signature(model.save_pretrained).parameters:
             kwargs["safe_serialization"] = True  # transformers v4; v5 always writes safetensors
-        model.save_pretrained(directory, max_shard_size=max_bytes, **kwargs)
+        from .third_party import deepspeed_left_unimported
+
+        with deepspeed_left_unimported():  # accelerate would import it (seconds, a warning) to unwrap
+            model.save_pretrained(directory, max_shard_size=max_bytes, **kwargs)
         return
     if not is_main_process:
         return

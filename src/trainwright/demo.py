@@ -2,11 +2,13 @@
 
 A small GPT-2-architecture model (tinygpt.py) learns to write like the Python documentation that
 ships with every CPython (`pydoc_data.topics`), with evaluation (loss, perplexity), checkpoints,
-the final model saved and a summary of where everything is.
+throughput (and MFU on a known GPU) from the SpeedMonitor on every log row, the final model saved,
+plots, and a summary of where everything is.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any
@@ -24,6 +26,7 @@ def demo_text() -> str:
 def run_demo(output_dir: str = "trainwright_demo", max_steps: int = 600, **overrides: Any) -> dict[str, Any]:
     """Train the demo model; returns a summary dict (also printed)."""
     from .args import TrainingArguments
+    from .callbacks import SpeedMonitor
     from .tinygpt import ByteTextDataset, TinyGPT, TinyGPTConfig, decode_bytes, perplexity
     from .trainer import Trainer
 
@@ -54,7 +57,13 @@ def run_demo(output_dir: str = "trainwright_demo", max_steps: int = 600, **overr
     )
     settings.update(overrides)
     args = TrainingArguments(**settings)
-    trainer = Trainer(model=TinyGPT(cfg), args=args, train_dataset=train_ds, eval_dataset=eval_ds)
+    trainer = Trainer(
+        model=TinyGPT(cfg),
+        args=args,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        callbacks=[SpeedMonitor(window_size=speed_window(args), time_unit="seconds")],
+    )
 
     start = time.time()
     before = trainer.evaluate()
@@ -82,10 +91,25 @@ def run_demo(output_dir: str = "trainwright_demo", max_steps: int = 600, **overr
         "output_dir": os.path.abspath(output_dir),
         "sample": sample,
         "plots": plots,
+        "throughput": _throughput(trainer.state.log_history),
     }
     if trainer.is_world_process_zero():
         _print_summary(summary)
     return summary
+
+
+def speed_window(args: Any) -> int:
+    """A SpeedMonitor window that is full at the first log row (it needs window_size + 1 step
+    ends), so every row carries throughput and the plot is a curve: logging_steps - 1 steps."""
+    steps = args.logging_steps
+    if steps < 1:  # a ratio of the run
+        steps = math.ceil(args.max_steps * steps)
+    return max(1, int(steps) - 1)
+
+
+def _throughput(history: list[dict[str, Any]]) -> dict[str, float]:
+    rows = [r for r in history if "throughput/tokens_per_sec" in r]
+    return {k: v for k, v in rows[-1].items() if k.startswith("throughput/")} if rows else {}
 
 
 def _plots(output_dir: str) -> list[str]:
@@ -108,6 +132,15 @@ def _print_summary(s: dict[str, Any]) -> None:
         f"  steps: {s['steps']} in {s['seconds']} s",
         f"  eval loss: {s['eval_loss_before']:.3f} -> {s['eval_loss_after']:.3f}   "
         f"perplexity: {s['perplexity_before']:.1f} -> {s['perplexity_after']:.1f}",
+    ]
+    rates = s.get("throughput") or {}
+    if rates:
+        mfu = rates.get("throughput/device/mfu")
+        lines.append(
+            f"  throughput (last window): {rates['throughput/tokens_per_sec']:,.0f} tokens/s"
+            + (f", MFU {100 * mfu:.1f}%" if mfu is not None else "")
+        )
+    lines += [
         f"  model:        {os.path.join(out, 'model.safetensors')}",
         f"  checkpoints:  {out}/checkpoint-*",
         f"  state & logs: {os.path.join(out, 'trainer_state.json')}, {os.path.join(out, 'logs.jsonl')}",

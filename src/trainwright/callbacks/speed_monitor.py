@@ -15,9 +15,11 @@ Keys added to each training log row (a row with "loss"):
 =====================================  =============================================================
 
 Times are in `time_unit`. The window holds the last `window_size` optimizer steps ("batches" are
-optimizer steps, each possibly several accumulated micro-batches). Unlike Composer, which waits
-for a full window, rates are reported as soon as the window spans one step (two step ends), so
-short runs get figures too; until the window is full they average over fewer steps.
+optimizer steps, each possibly several accumulated micro-batches), measured between the ends of
+`window_size + 1` steps. As in Composer, rates appear only once the window is full: the first row
+with throughput keys is the first one logged at or after step `window_size + 1` of this run (a
+resumed run starts an empty window); rows before it carry only the time/* keys. Pick `window_size`
+below `logging_steps` for a rate on every row.
 
 Inputs: the Trainer's `cursor` (a `LoopCursor`) holds this process's cumulative samples, tokens
 and FLOPs. `on_step_end` only copies them with a timestamp into a bounded deque (no tensor work,
@@ -222,7 +224,7 @@ class SpeedMonitor(TrainerCallback):
             return
         now = _now()
         window = self._window
-        if len(window) >= 2:
+        if len(window) == window.maxlen:  # a full window only, as Composer
             self._add_rates(logs, window[0], window[-1], len(window) - 1)
         train = self._train_time(now)
         logs["time/train"] = train / self._divider

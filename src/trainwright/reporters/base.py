@@ -176,7 +176,10 @@ def export_model(model: Any, directory: str) -> str:
     os.makedirs(directory, exist_ok=True)
     save_pretrained = getattr(model, "save_pretrained", None)
     if callable(save_pretrained):
-        save_pretrained(directory)
+        from ..third_party import deepspeed_left_unimported
+
+        with deepspeed_left_unimported():
+            save_pretrained(directory)
     else:
         from safetensors.torch import save_model
 
