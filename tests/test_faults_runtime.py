@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from trainwright import Trainer, TrainerCallback, TrainingArguments, output_lock
+from trainwright import Trainer, TrainerCallback, TrainingArguments, checkpoint_io, output_lock
 from trainwright import checkpoint as ckpt
 from trainwright.output_lock import LOCK_NAME, OutputDirError, OutputDirInUseError
 
@@ -323,6 +323,16 @@ def test_disk_full_on_a_real_tmpfs_keeps_the_previous_checkpoint(tmp_path):
         _check_full_disk_error(info.value, out, "checkpoint-9", "model.safetensors")
         assert sorted(os.listdir(out)) == ["checkpoint-2"]
 
+        # outside a checkpoint (save_model at the end of a run) the file and the cause are named too
+        final = os.path.join(out, "final")
+        trainer.model = big  # 4 MB of weights
+        with pytest.raises(checkpoint_io.CheckpointWriteError) as info:
+            trainer.save_model(final)
+        assert str(info.value).startswith(
+            f"could not write {os.path.join(final, 'model.safetensors')}: No space left on device"
+        )
+        assert "the disk is full" in str(info.value) and info.value.disk_full
+
 
 def test_disk_full_errors_monkeypatched(tmp_path, monkeypatch):
     """torch's and safetensors' errors as they are raised on a full disk, wherever mounting is refused."""
@@ -335,7 +345,7 @@ def test_disk_full_errors_monkeypatched(tmp_path, monkeypatch):
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
 
     monkeypatch.setattr(torch, "save", torch_full)
-    monkeypatch.setattr(ckpt, "_free_bytes", lambda path: 0)  # what statvfs says on that full disk
+    monkeypatch.setattr(checkpoint_io, "_free_bytes", lambda path: 0)  # what statvfs says on that full disk
     with pytest.raises(ckpt.CheckpointError) as info:
         _trainer(out, max_steps=4, save_steps=4).train(resume_from_checkpoint=True)
     _check_full_disk_error(info.value, out, "checkpoint-4", "while writing optimizer.pt")
@@ -343,7 +353,7 @@ def test_disk_full_errors_monkeypatched(tmp_path, monkeypatch):
     assert sorted(os.listdir(out)) == ["checkpoint-2"]
 
     # the same torch error with space left is still wrapped, naming the file, not called a full disk
-    monkeypatch.setattr(ckpt, "_free_bytes", lambda path: 10**12)
+    monkeypatch.setattr(checkpoint_io, "_free_bytes", lambda path: 10**12)
     with pytest.raises(
         ckpt.CheckpointError, match=r"'checkpoint-4' .*RuntimeError: \[enforce fail.*optimizer\.pt"
     ):
@@ -351,8 +361,6 @@ def test_disk_full_errors_monkeypatched(tmp_path, monkeypatch):
     monkeypatch.undo()
 
     from safetensors import SafetensorError
-
-    from trainwright import checkpoint_io
 
     def safetensors_full(tensors, filename, metadata=None):
         with open(filename, "wb") as fh:

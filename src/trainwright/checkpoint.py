@@ -27,7 +27,6 @@ Several processes must share one filesystem: rank 0 lists, fsyncs and renames th
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import secrets
@@ -52,10 +51,13 @@ from .checkpoint_io import (
     WEIGHTS_NAME,
     CheckpointError,
     CheckpointFileNotFoundError,
+    CheckpointWriteError,
     WeightsLoadResult,
     deferred_fsync,
+    describe_write_error,
     fsync_dir,
     fsync_file,
+    is_write_error,
     load_model_weights,
     parse_size,
     read_json,
@@ -64,7 +66,6 @@ from .checkpoint_io import (
     save_model_weights,
     save_torch_state,
     torch_file_problem,
-    track_writes,
     write_json,
 )
 from .rng import capture_rng_state, load_rng_state, restore_rng_state, rng_state_file, save_rng_state
@@ -413,33 +414,6 @@ def _commit(output_dir: str, tmp: str, final: str, name: str) -> None:
         fsync_dir(output_dir)
 
 
-def _is_write_error(exc: BaseException) -> bool:
-    """An error from writing a file: OSError, torch's serializer (a RuntimeError such as
-    `[enforce fail at inline_container.cc:672] ... unexpected pos`), safetensors' SafetensorError."""
-    if isinstance(exc, OSError):
-        return True
-    if type(exc).__name__ == "SafetensorError":
-        return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and any(
-        marker in text for marker in ("inline_container", "PytorchStreamWriter", "file write failed")
-    )
-
-
-# Below this many free bytes a write error from a serializer that does not report errno (torch's
-# `unexpected pos 576 vs 534`) is reported as a full disk.
-_FULL_DISK_BYTES = 1 << 20
-
-
-def _free_bytes(path: str) -> int | None:
-    try:
-        st = os.statvfs(path)
-    except (OSError, AttributeError):
-        return None
-    root = hasattr(os, "geteuid") and os.geteuid() == 0  # root may write into the reserved blocks
-    return (st.f_bfree if root else st.f_bavail) * st.f_frsize
-
-
 def _newest_file(folder: str | None) -> str | None:
     """The file written last under `folder` (the one a serializer without a file name failed on)."""
     if not folder or not os.path.isdir(folder):
@@ -457,30 +431,19 @@ def _newest_file(folder: str | None) -> str | None:
     return os.path.relpath(newest[1], folder) if newest else None
 
 
-def _failure(
-    output_dir: str, name: str, exc: BaseException, tmp: str | None = None, writing: list[str] | None = None
-) -> str:
-    """`could not write checkpoint 'checkpoint-N' in DIR: CAUSE (FILE)`; call it before `tmp` is removed.
-    `writing`: the files trainwright's serializers had not finished (the last one failed)."""
-    errno_ = getattr(exc, "errno", None)
-    text = str(exc)
-    full = errno_ in (errno.ENOSPC, errno.EDQUOT) or any(t in text for t in ("No space left", "os error 28"))
-    if not full and not isinstance(exc, OSError) and _is_write_error(exc):
-        free = _free_bytes(tmp or output_dir)
-        full = free is not None and free < _FULL_DISK_BYTES
-    if isinstance(exc, OSError) and exc.strerror:
-        cause = exc.strerror
-    elif full:
-        cause = os.strerror(errno.ENOSPC)
-    else:
-        cause = f"{type(exc).__name__}: {exc}"
-    where = getattr(exc, "filename", None) if isinstance(exc, OSError) else None
-    if where is None and _is_write_error(exc):
-        if writing:
-            newest = os.path.relpath(writing[-1], tmp) if tmp else os.path.basename(writing[-1])
-        else:  # written by another serializer (save_pretrained, a custom save_model): its last file
+def _failure(output_dir: str, name: str, exc: BaseException, tmp: str | None = None) -> str:
+    """`could not write checkpoint 'checkpoint-N' in DIR: CAUSE (FILE)`; call it before `tmp` is removed."""
+    if isinstance(exc, CheckpointWriteError):  # trainwright's writers name the file
+        cause, full = exc.cause, exc.disk_full
+        where = f"while writing {os.path.relpath(exc.path, tmp) if tmp else exc.path}"
+    elif is_write_error(exc):
+        cause, full = describe_write_error(exc, tmp or output_dir)
+        where = getattr(exc, "filename", None) if isinstance(exc, OSError) else None
+        if where is None:  # another serializer (save_pretrained, a custom save_model): its last file
             newest = _newest_file(tmp)
-        where = f"while writing {newest}" if newest else None
+            where = f"while writing {newest}" if newest else None
+    else:
+        cause, full, where = f"{type(exc).__name__}: {exc}", False, None
     message = f"could not write checkpoint {name!r} in {output_dir}: {cause}"
     if where:
         message += f" ({where})"
@@ -489,9 +452,6 @@ def _failure(
             f"; the disk of {output_dir} is full (or over quota). Free space there, point output_dir to a "
             "larger disk or lower save_total_limit; earlier checkpoints are untouched"
         )
-        if not isinstance(exc, OSError):
-            first = (text.strip().splitlines() or [""])[0]
-            message += f" (the writer said: {type(exc).__name__}: {first})"
     return message
 
 
@@ -548,11 +508,10 @@ def write_checkpoint(
         raise CheckpointError(setup_error)
 
     own_error: BaseException | None = None
-    writing: list[str] = []
     try:
         if rank != 0:  # normally a no-op: rank 0 created it on the shared filesystem
             os.makedirs(tmp, exist_ok=True)
-        with deferred_fsync() as pending, track_writes() as writing:
+        with deferred_fsync() as pending:
             write_fn(tmp)
         if rank != 0:  # rank 0 flushes the whole folder when it commits
             for path in pending:
@@ -563,7 +522,7 @@ def write_checkpoint(
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    statuses = [None if own_error is None else _failure(output_dir, name, own_error, tmp, writing)]
+    statuses = [None if own_error is None else _failure(output_dir, name, own_error, tmp)]
     if world_size > 1:
         statuses = runtime.all_gather_object(statuses[0])
     errors = [f"rank {r}: {s}" if world_size > 1 else s for r, s in enumerate(statuses) if s]
@@ -576,15 +535,16 @@ def write_checkpoint(
             try:
                 _commit(output_dir, tmp, final, name)
             except BaseException as exc:  # any exit path (Ctrl-C included) removes the hidden folder
-                if isinstance(exc, Exception) and _is_write_error(exc):
+                if isinstance(exc, Exception) and is_write_error(exc):
                     commit_error = _failure(output_dir, name, exc, tmp)
                 shutil.rmtree(tmp, ignore_errors=True)
                 if commit_error is None:
                     raise
     if errors:
-        if own_error is not None and not _is_write_error(own_error):
+        if own_error is not None and not is_write_error(own_error):
             raise own_error
-        raise CheckpointError("; ".join(errors)) from own_error
+        cause = own_error.original if isinstance(own_error, CheckpointWriteError) else own_error
+        raise CheckpointError("; ".join(errors)) from cause
     commit_error = from_rank0(commit_error)
     if commit_error:
         raise CheckpointError(commit_error)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import inspect
 import json
 import os
@@ -119,30 +120,75 @@ def deferred_fsync() -> Iterator[list[str]]:
         _PENDING_FSYNC.reset(token)
 
 
-_WRITING: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("writing", default=None)
+def is_write_error(exc: BaseException) -> bool:
+    """An error from writing a file: OSError, torch's serializer (a RuntimeError such as
+    `[enforce fail at inline_container.cc:672] ... unexpected pos`), safetensors' SafetensorError."""
+    if isinstance(exc, (OSError, CheckpointWriteError)):
+        return True
+    if type(exc).__name__ == "SafetensorError":
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(
+        marker in text for marker in ("inline_container", "PytorchStreamWriter", "file write failed")
+    )
 
 
-@contextlib.contextmanager
-def track_writes() -> Iterator[list[str]]:
-    """Within the block, the file a serializer is writing is on the yielded list until it is done, so
-    a failed write can be named even when the serializer's error does not (torch, safetensors)."""
-    writing: list[str] = []
-    token = _WRITING.set(writing)
+# Below this many free bytes a write error from a serializer that does not report errno (torch's
+# `unexpected pos 576 vs 534`) is reported as a full disk.
+_FULL_DISK_BYTES = 1 << 20
+
+
+def _free_bytes(path: str) -> int | None:
     try:
-        yield writing
-    finally:
-        _WRITING.reset(token)
+        st = os.statvfs(path)
+    except (OSError, AttributeError):
+        return None
+    root = hasattr(os, "geteuid") and os.geteuid() == 0  # root may write into the reserved blocks
+    return (st.f_bfree if root else st.f_bavail) * st.f_frsize
+
+
+def describe_write_error(exc: BaseException, where: str) -> tuple[str, bool]:
+    """(cause, disk_full) of a write error; `where` is a path on the filesystem written to. A full disk
+    is recognised from errno, from the message, or (torch's serializer says only `unexpected pos`)
+    from the free space left; call it before the partial file is removed."""
+    text = str(exc)
+    full = getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or any(
+        t in text for t in ("No space left", "os error 28")
+    )
+    if not full and not isinstance(exc, OSError):
+        free = _free_bytes(where)
+        full = free is not None and free < _FULL_DISK_BYTES
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror, full
+    if full:
+        first = (text.strip().splitlines() or [""])[0]
+        return f"{os.strerror(errno.ENOSPC)} (the writer said: {type(exc).__name__}: {first})", True
+    return f"{type(exc).__name__}: {exc}", False
+
+
+class CheckpointWriteError(CheckpointError):
+    """Writing `path` failed (a full disk, an I/O error); `original` (also `__cause__`) is the
+    serializer's own error, which may name neither the file nor the cause."""
+
+    def __init__(self, path: str, original: BaseException) -> None:
+        self.path, self.original = path, original
+        self.cause, self.disk_full = describe_write_error(original, os.path.dirname(path) or ".")
+        hint = "; the disk is full (or over quota): free space there or write elsewhere"
+        hint = hint if self.disk_full else ""
+        super().__init__(f"could not write {path}: {self.cause}{hint}")
 
 
 @contextlib.contextmanager
 def _writing(path: str) -> Iterator[None]:
-    writing = _WRITING.get()
-    if writing is None:
+    """Errors of the serializer writing `path` become a `CheckpointWriteError` naming it."""
+    try:
         yield
-        return
-    writing.append(path)
-    yield
-    writing.pop()  # only once written: after a failure the list names the file
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        if not is_write_error(exc):
+            raise
+        raise CheckpointWriteError(path, exc) from exc
 
 
 def _make_durable(path: str) -> None:
