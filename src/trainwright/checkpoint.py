@@ -415,7 +415,7 @@ def _commit(output_dir: str, tmp: str, final: str, name: str) -> None:
 
 
 def _newest_file(folder: str | None) -> str | None:
-    """The file written last under `folder` (the one a serializer without a file name failed on)."""
+    """The file written last under `folder` (often the one a serializer without a file name failed on)."""
     if not folder or not os.path.isdir(folder):
         return None
     newest: tuple[int, str] | None = None
@@ -439,9 +439,9 @@ def _failure(output_dir: str, name: str, exc: BaseException, tmp: str | None = N
     elif is_write_error(exc):
         cause, full = describe_write_error(exc, tmp or output_dir)
         where = getattr(exc, "filename", None) if isinstance(exc, OSError) else None
-        if where is None:  # another serializer (save_pretrained, a custom save_model): its last file
-            newest = _newest_file(tmp)
-            where = f"while writing {newest}" if newest else None
+        if where is None:  # another serializer (save_pretrained, a custom save_model) that names no file;
+            newest = _newest_file(tmp)  # safetensors removes its partial file, so this is only a clue
+            where = f"the writer named no file; the newest in the folder is {newest}" if newest else None
     else:
         cause, full, where = f"{type(exc).__name__}: {exc}", False, None
     message = f"could not write checkpoint {name!r} in {output_dir}: {cause}"
