@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch.distributed as dist
 
 from .checkpoint import get_last_checkpoint
 from .checkpoint_io import PREFIX_CHECKPOINT_DIR
-from .data import has_length
+from .data import has_length as _has_length
 from .enums import EvaluationStrategy, FSDPOption, HubStrategy, IntervalStrategy, SaveStrategy, SchedulerType
 from .hpo import default_compute_objective, default_hp_space_optuna
 from .metrics import (
@@ -55,6 +56,11 @@ __all__ = [
     "torch_distributed_zero_first",
     "total_processes_number",
 ]
+
+
+def has_length(dataset: Any) -> bool:
+    """Whether `dataset` has a usable `len()` (transformers' name for the argument)."""
+    return _has_length(dataset)
 
 
 def is_main_process(local_rank: int) -> bool:
