@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from . import checkpoint as ckpt
 from . import fsdp
@@ -54,12 +57,132 @@ def resolve_resume_path(trainer: Trainer, resume: str | bool | None) -> str | No
         if not os.path.isdir(path):
             raise ValueError(f"Can't find a valid checkpoint at {path}: no such folder.")
     needed = ["model", "trainer_state"]
-    if not trainer.args.save_only_model and os.path.exists(os.path.join(path, ckpt.OPTIMIZER_NAME)):
-        needed += ["optimizer", "scheduler"]
+    if os.path.exists(os.path.join(path, ckpt.OPTIMIZER_NAME)):
+        if not trainer.args.save_only_model:
+            needed += ["optimizer", "scheduler"]
+    elif not _weights_only_resume(trainer, path):
+        raise ValueError(
+            f"Can't resume exactly from {path}: it has no {ckpt.OPTIMIZER_NAME}, so the optimizer would start "
+            "afresh (and its moments, step counts and learning-rate schedule with it). Resume from a complete "
+            "checkpoint, or pass save_only_model=True to resume the weights with a fresh optimizer (a "
+            f"{ckpt.SCHEDULER_NAME} that is present is still restored)."
+        )
     problems = ckpt.check_checkpoint_files(path, need=tuple(needed))
+    if "optimizer" not in needed:  # a weights-only resume does not read it, whatever state it is in
+        problems = [p for p in problems if not p.startswith(ckpt.OPTIMIZER_NAME)]
     if problems:
         raise ValueError(f"Can't resume from {path}: " + "; ".join(problems))
     return path
+
+
+def _saved_args(path: str) -> dict[str, Any]:
+    """The checkpoint's training_args.json (empty for a checkpoint without one, e.g. upstream's)."""
+    file = os.path.join(path, ckpt.TRAINING_ARGS_NAME)
+    return ckpt.read_json(file) if os.path.isfile(file) else {}
+
+
+def _weights_only_resume(trainer: Trainer, path: str) -> bool:
+    """A resume that loads weights (and a scheduler if saved) but no optimizer: opted into by
+    save_only_model now, or by a checkpoint written with save_only_model."""
+    return bool(trainer.args.save_only_model or _saved_args(path).get("save_only_model"))
+
+
+def _check_optimizer_matches(trainer: Trainer, saved: dict[str, Any], path: str) -> None:
+    """Refuse optimizer.pt written by another optimizer (another `optim`, or groups of other
+    hyperparameters): loading it would fail at the first step, or silently mix states."""
+    now_name = _optim_name(trainer.args.optim)
+    saved_name = _saved_args(path).get("optim")
+    groups_now, groups_saved = trainer.optimizer.param_groups, saved.get("param_groups", [])
+    keys_now = sorted(set().union(*(g.keys() for g in groups_now)) - {"params", "initial_lr"})
+    keys_saved = (
+        sorted(set().union(*(g.keys() for g in groups_saved)) - {"params", "initial_lr"})
+        if groups_saved
+        else []
+    )
+    layout_now = [len(g["params"]) for g in groups_now]
+    layout_saved = [len(g["params"]) for g in groups_saved]
+    problems = []
+    if (
+        saved_name is not None
+        and trainer.optimizer_cls_and_kwargs is None
+        and _optim_name(saved_name) != now_name
+    ):
+        problems.append(f"it was written with optim={saved_name!r}, this run has optim={now_name!r}")
+    if keys_now != keys_saved:
+        problems.append(f"its parameter groups hold {keys_saved}, this optimizer's hold {keys_now}")
+    elif layout_now != layout_saved:
+        problems.append(f"its groups have {layout_saved} parameters, this optimizer's have {layout_now}")
+    if problems:
+        raise ValueError(
+            f"Can't load {os.path.join(path, ckpt.OPTIMIZER_NAME)} into this run's optimizer: "
+            + "; ".join(problems)
+            + ". Resume with the checkpoint's optim (and the same model and trainable parameters), or pass "
+            "save_only_model=True to resume the weights with a fresh optimizer."
+        )
+
+
+def _optim_name(value: Any) -> str:
+    name = getattr(value, "value", value)
+    return "adamw_torch" if name == "adamw_hf" else str(name)
+
+
+_SCHEDULE_FIELDS = (
+    "learning_rate",
+    "lr_scheduler_type",
+    "lr_scheduler_kwargs",
+    "warmup_steps",
+    "warmup_ratio",
+)
+
+
+def _keep_saved_schedule(trainer: Trainer, path: str) -> None:
+    """The rule on resume: the checkpoint's learning-rate schedule continues. Its rates and step
+    come back from scheduler.pt; its shape (type, warm-up, kwargs) from its training_args.json, so
+    a Trainer-made scheduler is rebuilt with them. Changed arguments are named in one warning."""
+    saved = _saved_args(path)
+    args = trainer.args
+    changed = {
+        k: (saved[k], _plain(getattr(args, k)))
+        for k in _SCHEDULE_FIELDS
+        if k in saved and _normal(saved[k]) != _normal(_plain(getattr(args, k)))
+    }
+    if not changed:
+        return
+    logger.warning(
+        "Resuming from %s: %s differ from the checkpoint's; the checkpoint's learning-rate schedule "
+        "continues (its scheduler.pt wins). Start a new run to train with the new values.",
+        path,
+        ", ".join(f"{k} ({now!r} now, {was!r} in the checkpoint)" for k, (was, now) in changed.items()),
+    )
+    if not getattr(trainer, "_created_scheduler", False) or isinstance(
+        trainer.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau
+    ):
+        return  # the user's own scheduler object: its state is loaded as it is
+    from types import SimpleNamespace
+
+    from .args import TrainingArguments
+    from .schedules import get_scheduler
+
+    warm = SimpleNamespace(
+        warmup_steps=saved.get("warmup_steps", args.warmup_steps),
+        warmup_ratio=saved.get("warmup_ratio", args.warmup_ratio),
+    )
+    total = trainer.state.max_steps
+    trainer.lr_scheduler = get_scheduler(
+        saved.get("lr_scheduler_type", _plain(args.lr_scheduler_type)),
+        optimizer=trainer.optimizer,
+        num_warmup_steps=TrainingArguments.get_warmup_steps(warm, total),  # type: ignore[arg-type]
+        num_training_steps=total,
+        scheduler_specific_kwargs=saved.get("lr_scheduler_kwargs") or {},
+    )
+
+
+def _plain(value: Any) -> Any:
+    return getattr(value, "value", value)
+
+
+def _normal(value: Any) -> Any:
+    return {} if value is None else value  # lr_scheduler_kwargs: None and {} are the same
 
 
 # ---------------------------------------------------------------------- callbacks' state
@@ -249,8 +372,15 @@ def restore(trainer: Trainer, path: str, train_dataloader: Any) -> None:
         )
     else:
         trainer._load_from_checkpoint(path)
-        if _has(path, ckpt.OPTIMIZER_NAME) and _has(path, ckpt.SCHEDULER_NAME):
-            trainer.optimizer.load_state_dict(ckpt.safe_torch_load(os.path.join(path, ckpt.OPTIMIZER_NAME)))
+        if _has(path, ckpt.SCHEDULER_NAME):
+            _keep_saved_schedule(trainer, path)
+        if _has(path, ckpt.OPTIMIZER_NAME) and not args.save_only_model:
+            saved_optimizer = ckpt.safe_torch_load(os.path.join(path, ckpt.OPTIMIZER_NAME))
+            _check_optimizer_matches(trainer, saved_optimizer, path)
+            trainer.optimizer.load_state_dict(saved_optimizer)
+        elif _has(path, ckpt.OPTIMIZER_NAME):
+            logger.warning("save_only_model=True: resuming the weights of %s with a fresh optimizer.", path)
+        if _has(path, ckpt.SCHEDULER_NAME):  # never dropped, even when the optimizer starts afresh
             trainer.lr_scheduler.load_state_dict(
                 ckpt.safe_torch_load(os.path.join(path, ckpt.SCHEDULER_NAME))
             )
@@ -290,6 +420,8 @@ def restore(trainer: Trainer, path: str, train_dataloader: Any) -> None:
     if args.ignore_data_skip:
         cursor.batch_in_epoch = cursor.samples_in_epoch = 0
     trainer.cursor = cursor
+    if data_state is not None and not args.ignore_data_skip:
+        _keep_saved_data_order(trainer, train_dataloader, data_state, path)
     dataset = getattr(train_dataloader, "dataset", None)
     if data_state is not None and "dataset_state" in data_state and hasattr(dataset, "load_state_dict"):
         dataset.load_state_dict(data_state["dataset_state"])
@@ -361,6 +493,34 @@ def _rescale_position(cursor: LoopCursor, data_state: dict, trainer: Trainer) ->
     cursor.tokens_seen = cursor.tokens_seen * old // new
     cursor.flops_seen = cursor.flops_seen * old / new
     logger.info("Checkpoint saved with %d processes, resumed with %d: position rescaled.", old, new)
+
+
+def _keep_saved_data_order(trainer: Trainer, dataloader: Any, data_state: dict, path: str) -> None:
+    """The interrupted run's data order continues: the sampler's saved state (its seed with it) and
+    the loader's worker seeds. A changed seed/data_seed is named in a warning; it applies to new runs."""
+    args, sampler = trainer.args, getattr(dataloader, "sampler", None)
+    saved_seed = data_state.get("seed")
+    now_seed = args.data_seed if args.data_seed is not None else args.seed
+    if saved_seed is not None and saved_seed != now_seed:
+        field = "data_seed" if args.data_seed is not None else "seed"
+        logger.warning(
+            "Resuming from %s: %s=%s now, the checkpoint's data order was drawn with %s; that order continues "
+            "so no sample is trained twice or skipped in this epoch (the new value applies to new runs).",
+            path,
+            field,
+            now_seed,
+            saved_seed,
+        )
+    saved_sampler = data_state.get("sampler")
+    same_layout = data_state.get("world_size", 1) == trainer.runtime.world_size
+    if saved_sampler is not None and same_layout and hasattr(sampler, "load_state_dict"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # its own seed warning repeats the one above
+            sampler.load_state_dict(saved_sampler)
+    elif saved_seed is not None and hasattr(sampler, "seed"):
+        sampler.seed = int(saved_seed)
+    if saved_seed is not None and hasattr(dataloader, "seed"):
+        dataloader.seed = int(saved_seed)  # worker seeds of an EpochSeededDataLoader
 
 
 def _use_own_loss_window(cursor: LoopCursor, data_state: dict, runtime: Any) -> None:
