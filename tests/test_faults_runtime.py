@@ -523,3 +523,21 @@ def test_sigterm_during_a_long_evaluation_stops_it_at_the_next_batch(tmp_path, j
     assert sorted(os.listdir(out)) == ["checkpoint-2"]
     state = json.loads(open(os.path.join(last, "trainer_state.json")).read())
     assert not any("eval_loss" in row for row in state["log_history"])  # no partial metrics recorded
+
+
+# ---------------------------------------------------- 10 with torchrun: only the writer locks, all ranks stop
+
+
+def test_torchrun_job_on_a_locked_output_dir_stops_every_rank(tmp_path):
+    """Rank 0 (the writing process) finds output_dir locked by this test; rank 1 takes no lock but
+    learns the outcome, so both raise at once instead of rank 1 waiting in a collective."""
+    from test_distributed import torchrun
+
+    out = tmp_path / "dist"
+    os.makedirs(out / "locked")
+    with output_lock.OutputDirLock(str(out / "locked")):
+        code, log = torchrun({"out": str(out), "tasks": [{"name": "locked"}]}, check=False, timeout=180)
+    assert code != 0, log[-3000:]
+    assert "OutputDirInUseError" in log and f"(pid {os.getpid()} on host" in log, log[-3000:]
+    assert "OutputDirError: rank 0: output_dir=" in log, log[-3000:]  # rank 1's error: rank 0's outcome
+    assert os.listdir(out / "locked") == []  # nothing written, and the test's lock released
