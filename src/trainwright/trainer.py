@@ -746,7 +746,7 @@ class Trainer:
                 break
             ran_any = True
             if self._probe_loss_kwargs and num_items is not None:
-                self._measure_loss_kwargs(micro_batches[0], num_items)
+                self._measure_loss_kwargs(micro_batches, num_items)
             self.control = handler.on_step_begin(args, self.state, self.control)
             last = len(micro_batches) - 1
             for i, inputs in enumerate(micro_batches):
@@ -843,13 +843,18 @@ class Trainer:
             total = self.runtime.all_reduce(total.to(self.runtime.device))
         return total
 
-    def _measure_loss_kwargs(self, inputs: Any, num_items: torch.Tensor) -> None:
-        """Settle, once per run, whether a `**kwargs` forward really divides by `num_items_in_batch`."""
-        self._probe_loss_kwargs = False
+    def _measure_loss_kwargs(self, micro_batches: list, num_items: torch.Tensor) -> None:
+        """Settle, once per run, whether a `**kwargs` forward really divides by `num_items_in_batch`
+        (measured on a micro-batch with label targets: one without any says nothing)."""
         if self.compute_loss_func is not None or self.label_smoother is not None:
+            self._probe_loss_kwargs = False
             return  # the model is not given num_items_in_batch then
-        if not isinstance(inputs, Mapping) or not isinstance(inputs.get("labels"), torch.Tensor):
-            return
+        inputs = next((b for b in micro_batches if _has_targets(b, self._label_shift)), None)
+        if inputs is None:
+            if not any(isinstance(b, Mapping) and isinstance(b.get("labels"), torch.Tensor) for b in micro_batches):
+                self._probe_loss_kwargs = False  # no labels at all: nothing to measure, ever
+            return  # this step's labels are all ignored: measure on a later step
+        self._probe_loss_kwargs = False
         with self.compute_loss_context_manager():
             honoured = loss_honours_num_items(
                 self.model, self._prepare_inputs(inputs), num_items.to(self.runtime.device)
@@ -974,6 +979,10 @@ class Trainer:
             scaled = labels and (self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
             scaled = scaled and self._passes_num_items
         if not scaled:
+            if micro_items.device.type == "cpu" and not micro_items:
+                # no target in this micro-batch: a mean loss is 0/0 = NaN, and its weight is 0; its
+                # gradient is zero either way, so it must not turn the step's logged loss into NaN
+                loss = torch.nan_to_num(loss, nan=0.0)
             loss = loss * (micro_items.to(loss.device) / num_items_in_batch.to(loss.device))
         if self.runtime.distributed and self.args.average_tokens_across_devices:
             loss = loss * self.runtime.world_size  # DDP averages gradients over processes
@@ -1606,6 +1615,13 @@ def _take_rows(inputs: Any, keep: int) -> Any:
     if isinstance(inputs, torch.Tensor) and inputs.dim() > 0:
         return inputs[:keep]
     return inputs
+
+
+def _has_targets(batch: Any, label_shift: bool) -> bool:
+    """Whether a batch has labels with at least one target (a CPU count, no device sync)."""
+    if not isinstance(batch, Mapping) or not isinstance(batch.get("labels"), torch.Tensor):
+        return False
+    return bool(items_in_batch(batch, label_shift))
 
 
 def _enable_activation_checkpointing(model: nn.Module, kwargs: dict | None) -> None:
