@@ -275,8 +275,6 @@ def _shutdown_at_exit() -> None:
 def get_runtime(use_cpu: bool = False, backend: str | None = None, timeout_s: int = 1800) -> Runtime:
     """Return this process's runtime, starting the process group on first use under torchrun."""
     global _RUNTIME
-    if _RUNTIME is not None:
-        return _RUNTIME
     world_size = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)
@@ -284,11 +282,21 @@ def get_runtime(use_cpu: bool = False, backend: str | None = None, timeout_s: in
     cuda = torch.cuda.is_available() and not use_cpu
     if cuda:
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
     elif not use_cpu and torch.backends.mps.is_available() and world_size == 1:
         device = torch.device("mps")
     else:
         device = torch.device("cpu")
+    if _RUNTIME is not None:
+        if _RUNTIME.device == device:
+            return _RUNTIME
+        if _RUNTIME.distributed:
+            raise ValueError(
+                f"use_cpu={use_cpu}: this process already trains on {_RUNTIME.device} in a process group; "
+                "every Trainer of a distributed run must use the same device (set use_cpu alike)."
+            )
+        # one process: a later Trainer with another use_cpu gets its own device
+    if cuda:
+        torch.cuda.set_device(device)
     owns = False
     chosen = None
     if world_size > 1:
