@@ -28,6 +28,9 @@ class AzureMLCallback(Reporter):
             return "not inside an Azure ML job (AZUREML_RUN_ID is not set)"
         return None
 
+    def service_address(self) -> str | None:
+        return None  # azureml-core batches and sends `Run.log` in its own thread
+
     def _ensure_run(self) -> None:
         if self.azureml_run is None:
             from azureml.core.run import Run

@@ -1,17 +1,25 @@
-"""What every reporter shares: the `Reporter` base class (rank gating, lazy set-up, and the rule that
-a failing reporter disables itself instead of stopping training), `rewrite_logs`, and small helpers
-for environment variables, numbers, model configs and checkpoint folders."""
+"""What every reporter shares: the `Reporter` base class (rank gating, lazy set-up, the rule that a
+failing reporter disables itself instead of stopping training, and the worker thread that keeps a
+slow or dead server off the training loop), `rewrite_logs`, and small helpers for environment
+variables, numbers, model configs and checkpoint folders."""
 
 from __future__ import annotations
 
+import atexit
+import collections
+import copy
 import dataclasses
 import functools
 import importlib.util
 import json
 import logging
+import math
 import numbers
 import os
-from collections.abc import Callable, Mapping
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from ..events import EVENTS, TrainerCallback
@@ -26,6 +34,13 @@ FALSE_VALUES = frozenset({"0", "false", "no", "off", "n", ""})
 SUMMARY_KEYS = frozenset(
     {"train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos"}
 )
+
+
+# A reporter that talks to a server runs its events on its own worker thread (see `Reporter`).
+TIMEOUT_ENV = "TRAINWRIGHT_REPORTER_TIMEOUT"
+DEFAULT_TIMEOUT = 30.0  # seconds
+MAX_PENDING_EVENTS = 10_000  # events queued per reporter before it is switched off
+_IDLE_EXIT = 5.0  # seconds a worker waits for the next event before its thread ends
 
 
 class MissingReporterPackageError(ImportError):
@@ -87,6 +102,24 @@ def env_json_dict(name: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"environment variable {name}: expected a JSON object, got {type(value).__name__}")
     return value
+
+
+def reporter_timeout() -> float | None:
+    """`TRAINWRIGHT_REPORTER_TIMEOUT` in seconds (default 30); None for "0": events of networked
+    reporters then run on the training thread with no deadline, as before."""
+    raw = os.environ.get(TIMEOUT_ENV)
+    if raw is None or not raw.strip():
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(
+            f"environment variable {TIMEOUT_ENV}={raw!r}: expected a number of seconds >= 0 "
+            "(0 runs reporters on the training thread without a deadline)"
+        )
+    return value or None
 
 
 # -- values --------------------------------------------------------------------------------------
@@ -202,31 +235,181 @@ def saved_checkpoint_dir(args: Any, state: Any) -> str | None:
 
 
 # -- the base class ------------------------------------------------------------------------------
+_inside = threading.local()  # .ids: the reporters running an event on this thread
+
+
+def _running_here() -> set[int]:
+    ids = getattr(_inside, "ids", None)
+    if ids is None:
+        ids = _inside.ids = set()
+    return ids
+
+
 def _guard(event: str, method: Callable) -> Callable:
-    """Wrap one event: skip when disabled or not on the reporting process; turn an exception in
-    the outermost call into one warning plus `disable()`, so training goes on without the reporter."""
+    """Wrap one event: skip when disabled or not on the reporting process; queue it for the worker
+    thread when the reporter talks to a server; turn an exception in the outermost call into one
+    warning plus `disable()`, so training goes on without the reporter."""
 
     @functools.wraps(method)
     def guarded(self: Reporter, *args: Any, **kwargs: Any) -> Any:
         if self.disabled:
             return None
-        if self._event_depth:  # a subclass calling super(): the outer call handles failures
+        if id(self) in _running_here():  # a subclass calling super(): the outer call handles failures
             return method(self, *args, **kwargs)
         state = args[1] if len(args) > 1 else kwargs.get("state")
         if state is not None and not self._is_reporting_process(state):
             return None
-        self._event_depth += 1
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as exc:
-            logger.debug("%s failed in %s", type(self).__name__, event, exc_info=True)
-            self._fail(event, exc)
+        if self._uses_worker():
+            self._queue_event(event, method, args, kwargs)
             return None
-        finally:
-            self._event_depth -= 1
+        return self._run_event(event, method, args, kwargs)
 
     guarded._reporter_guarded = True  # type: ignore[attr-defined]
     return guarded
+
+
+class _HistoryView(Sequence):
+    """`state.log_history` as it was when an event was queued: the first `n` rows of the live list
+    (the trainer only appends to it while training), without copying it."""
+
+    __slots__ = ("_rows", "_n")
+
+    def __init__(self, rows: list, n: int) -> None:
+        self._rows, self._n = rows, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self._rows[: self._n][index]
+        if index < 0:
+            index += self._n
+        if not 0 <= index < self._n:
+            raise IndexError("log_history index out of range")
+        return self._rows[index]
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == (list(other) if isinstance(other, (list, tuple, _HistoryView)) else other)
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+    def __deepcopy__(self, memo: dict) -> list:
+        return copy.deepcopy(list(self), memo)
+
+
+def _snapshot(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """An event's arguments as they are now, for a worker thread that runs it later: the state and
+    control copied (the trainer changes them in place), `logs`/`metrics` copied; the model, data
+    loaders and optimizer are passed as they are."""
+    args = list(args)
+    if len(args) > 1 and args[1] is not None:
+        state = copy.copy(args[1])
+        history = getattr(state, "log_history", None)
+        if isinstance(history, list):
+            state.log_history = _HistoryView(history, len(history))
+        args[1] = state
+    if len(args) > 2 and args[2] is not None:
+        args[2] = copy.copy(args[2])
+    kwargs = dict(kwargs)
+    for key in ("logs", "metrics"):
+        if isinstance(kwargs.get(key), dict):
+            kwargs[key] = dict(kwargs[key])
+    return tuple(args), kwargs
+
+
+class _EventWorker:
+    """One reporter's worker: a thread running its queued events in order (FIFO), started when an
+    event is queued and ended after `_IDLE_EXIT` seconds without one. The training thread only
+    appends to the queue and reads two numbers (`busy_since`, the queue length)."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+        self.cond = threading.Condition()
+        self.tasks: collections.deque = collections.deque()
+        self.thread: threading.Thread | None = None
+        self.busy_since: float | None = None  # time.monotonic() when the running event started
+        self.busy_event = ""
+        self.completed = 0  # events finished (0: the service has not answered yet)
+        self.abandoned = False  # switched off: run nothing more, clean up after the stuck call
+
+    def put(self, task: tuple) -> bool:
+        with self.cond:
+            if len(self.tasks) >= MAX_PENDING_EVENTS:
+                return False
+            self.tasks.append(task)
+            if self.thread is None:
+                self.thread = threading.Thread(
+                    target=self._loop, name=f"trainwright-{self.reporter.name or 'reporter'}", daemon=True
+                )
+                self.thread.start()
+            else:
+                self.cond.notify()
+        return True
+
+    def stuck_for(self, now: float) -> float:
+        since = self.busy_since
+        return 0.0 if since is None else now - since
+
+    def idle(self) -> bool:
+        return not self.tasks and self.busy_since is None
+
+    def abandon(self) -> int:
+        """Stop running events; return how many queued ones are dropped."""
+        with self.cond:
+            self.abandoned = True
+            dropped = len(self.tasks)
+            self.tasks.clear()
+            self.cond.notify_all()
+        return dropped
+
+    def _loop(self) -> None:
+        reporter = self.reporter
+        while True:
+            with self.cond:
+                if not self.tasks and not self.abandoned:
+                    self.cond.wait(_IDLE_EXIT)
+                if self.abandoned or not self.tasks:
+                    if self.thread is threading.current_thread():
+                        self.thread = None
+                    return
+                event, method, args, kwargs = self.tasks.popleft()
+                self.busy_event = event
+                self.busy_since = time.monotonic()
+            try:
+                reporter._run_event(event, method, args, kwargs)
+            finally:
+                with self.cond:
+                    self.busy_since = None
+                    self.completed += 1
+                    abandoned = self.abandoned
+                    self.cond.notify_all()
+            if abandoned:  # the call the reporter was switched off for has returned at last
+                try:
+                    reporter.close_after_failure()
+                except Exception:
+                    logger.debug(
+                        "%s: cleanup after switch-off failed", type(reporter).__name__, exc_info=True
+                    )
+                with self.cond:
+                    if self.thread is threading.current_thread():
+                        self.thread = None
+                return
+
+
+_workers_to_flush: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    """Events queued after training (e.g. a later evaluate()) are delivered before the process
+    exits, each reporter waiting at most its deadline."""
+    for reporter in list(_workers_to_flush):
+        try:
+            reporter.flush()
+        except Exception:
+            logger.debug("flush at exit failed", exc_info=True)
 
 
 class Reporter(TrainerCallback):
@@ -237,6 +420,19 @@ class Reporter(TrainerCallback):
     or each node's local rank 0 when `process_zero = "local"`), does nothing once the reporter is
     disabled, and an exception inside it is logged as one warning, `close_after_failure()` is
     attempted, and the reporter disables itself so that training continues.
+
+    A slow or unreachable server never stalls training. A reporter whose `service_address()` is not
+    None (the default: a reporter talks to a service unless it says it only writes local files)
+    runs its events on its own worker thread, in order: the training thread copies the state and
+    the logged row and returns at once. If the service does not finish one event (the first one,
+    which starts the run, included) within `TRAINWRIGHT_REPORTER_TIMEOUT` seconds (default 30), or
+    more than `MAX_PENDING_EVENTS` events wait, the reporter is switched off with one warning
+    naming it, the server and that setting; at `on_train_end` (and at process exit) the training
+    thread waits for the queued events at most that long, once. `TRAINWRIGHT_REPORTER_TIMEOUT=0`
+    runs every event on the training thread, unbounded, as before. Events on the worker see a
+    copy of `state` (its `log_history` as it was) and of `control`; what they return is ignored,
+    so a reporter cannot steer training. `_on_training_thread(event)` is called on the training
+    thread before an event is queued, for what must be read there (e.g. thread-local run stacks).
     """
 
     name: ClassVar[str] = ""  # the report_to name
@@ -255,8 +451,11 @@ class Reporter(TrainerCallback):
     def __init__(self) -> None:
         type(self).require()
         self.disabled = False
-        self._event_depth = 0
         self._dropped_keys: set[str] = set()
+        self.timeout = reporter_timeout()  # None: events run on the training thread
+        self._worker: _EventWorker | None = None
+        self._worker_decided = False
+        self._address: str | None = None
 
     # -- availability (used by the registry) -------------------------------------------------
     @classmethod
@@ -298,6 +497,99 @@ class Reporter(TrainerCallback):
     def _is_reporting_process(self, state: Any) -> bool:
         attr = "is_local_process_zero" if self.process_zero == "local" else "is_world_process_zero"
         return bool(getattr(state, attr, True))
+
+    # -- where events run ---------------------------------------------------------------------
+    def service_address(self) -> str | None:
+        """The server this reporter sends to (a URL, or a description naming the setting that
+        chooses it), or None when it only writes local files in this configuration: its events then
+        run on the training thread. Read once, at the first event the reporter handles."""
+        return f"the {self.name or type(self).__name__} service"
+
+    def _on_training_thread(self, event: str) -> None:
+        """Called on the training thread before `event` is queued for the worker (no service calls)."""
+
+    def _uses_worker(self) -> bool:
+        if not self._worker_decided:
+            self._worker_decided = True
+            if self.timeout is not None:
+                self._address = self.service_address()
+                if self._address is not None:
+                    self._worker = _EventWorker(self)
+        return self._worker is not None
+
+    def _run_event(self, event: str, method: Callable, args: tuple, kwargs: dict) -> Any:
+        if self.disabled:
+            return None
+        running = _running_here()
+        running.add(id(self))
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:
+            logger.debug("%s failed in %s", type(self).__name__, event, exc_info=True)
+            self._fail(event, exc)
+            return None
+        finally:
+            running.discard(id(self))
+
+    def _queue_event(self, event: str, method: Callable, args: tuple, kwargs: dict) -> None:
+        worker = self._worker
+        assert worker is not None
+        if self._check_stuck(worker, time.monotonic()):
+            return
+        self._on_training_thread(event)
+        args, kwargs = _snapshot(args, kwargs)
+        if not worker.put((event, method, args, kwargs)):
+            self._switch_off(
+                f"{MAX_PENDING_EVENTS} events are waiting for {self._address}, which is slower than training "
+                f"(now in {worker.busy_event})"
+            )
+            return
+        _workers_to_flush.add(self)
+        if event == "on_train_end":
+            self.flush()
+
+    def _check_stuck(self, worker: _EventWorker, now: float) -> bool:
+        """Switch off (True) when the running event has taken longer than the deadline."""
+        assert self.timeout is not None
+        if worker.stuck_for(now) <= self.timeout:
+            return False
+        what = "did not answer" if worker.completed else "did not answer the first call (starting the run) in"
+        self._switch_off(f"{self._address} {what} {worker.busy_event} within {self.timeout:g} s")
+        return True
+
+    def _switch_off(self, why: str) -> None:
+        worker = self._worker
+        dropped = worker.abandon() if worker is not None else 0
+        self.disable(
+            f"{why}; {dropped} queued events are dropped and training continues without it (set "
+            f"{TIMEOUT_ENV} to wait longer, default {DEFAULT_TIMEOUT:g} s, or to 0 to run it on the training "
+            "thread without a deadline)"
+        )
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the events queued so far have run, at most `timeout` seconds (default: the
+        reporter's deadline); True when they have. Past the deadline the reporter is switched off
+        with one warning (it would only delay training again). No-op for reporters without a worker."""
+        worker = self._worker
+        if worker is None or self.disabled:
+            return True
+        limit = self.timeout if timeout is None else timeout
+        assert limit is not None
+        end = time.monotonic() + limit
+        with worker.cond:
+            while not worker.idle() and not worker.abandoned:
+                now = time.monotonic()
+                if now >= end or worker.stuck_for(now) > limit:
+                    break
+                worker.cond.wait(min(end - now, 0.5))
+            drained = worker.idle()
+        if drained or self.disabled:
+            return drained
+        if not self._check_stuck(worker, time.monotonic()):
+            self._switch_off(
+                f"{self._address} did not take the queued events within {limit:g} s (now in {worker.busy_event})"
+            )
+        return False
 
     def disable(self, reason: str, level: int = logging.WARNING) -> None:
         """Stop reporting for the rest of the run, saying why once."""

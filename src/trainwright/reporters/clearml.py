@@ -59,6 +59,11 @@ class ClearMLCallback(Reporter):
             return None
         return "no ClearML configuration (clearml.conf or CLEARML_API_* keys) and CLEARML_OFFLINE_MODE is not set"
 
+    def service_address(self) -> str | None:
+        if self.offline:
+            return None
+        return os.environ.get("CLEARML_API_HOST") or "the ClearML server of clearml.conf (CLEARML_API_HOST)"
+
     def setup(self, args: Any, state: Any, model: Any, processing_class: Any = None, **kwargs: Any) -> None:
         """Open (or join) the ClearML task and connect the arguments, as `on_train_begin` does."""
         self._setup(args, state, model)

@@ -33,6 +33,9 @@ class CodeCarbonCallback(Reporter):
         self.tracker: Any = None
         self.last_emissions: float | None = None
 
+    def service_address(self) -> str | None:
+        return None  # the offline tracker writes a local CSV file
+
     def on_train_begin(self, args, state, control, **kwargs):
         if self.tracker is not None:
             return

@@ -72,6 +72,11 @@ class CometCallback(Reporter):
             return None
         return "no Comet API key (COMET_API_KEY or ~/.comet.config) and COMET_MODE is not offline"
 
+    def service_address(self) -> str | None:
+        if self.online is False:
+            return None
+        return os.environ.get("COMET_URL_OVERRIDE") or "https://www.comet.com (COMET_URL_OVERRIDE)"
+
     def setup(self, args: Any, state: Any, model: Any) -> None:
         """Start (or join) the Comet experiment and log parameters, as `on_train_begin` does."""
         self._setup(args, state, model)

@@ -42,6 +42,12 @@ class DVCLiveCallback(Reporter):
         self._own_live = False
         self.live_kwargs = live_kwargs
 
+    def service_address(self) -> str | None:
+        # Local files, unless DVC Studio live updates are configured (dvclive then posts to Studio).
+        if os.environ.get("DVC_STUDIO_TOKEN") or os.environ.get("STUDIO_TOKEN"):
+            return os.environ.get("DVC_STUDIO_URL") or "https://studio.datachain.ai (DVC Studio)"
+        return None
+
     def _setup(self, args: Any, state: Any) -> None:
         from dvclive import Live
 

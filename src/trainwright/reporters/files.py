@@ -57,6 +57,9 @@ class _RowFileReporter(Reporter):
         super().__init__()
         self.path: str | None = None
 
+    def service_address(self) -> str | None:
+        return None  # a local file: written on the training thread
+
     def file_path(self, args: Any, state: Any) -> str:
         """`output_dir/logs.<suffix>`, or `logs-<trial>.<suffix>` in a hyperparameter search."""
         trial = state.trial_name if state.is_hyper_param_search else None

@@ -49,6 +49,9 @@ class FlyteCallback(Reporter):
             return "not inside a Flyte execution (FLYTE_INTERNAL_EXECUTION_ID is not set)"
         return None
 
+    def service_address(self) -> str | None:
+        return None  # a checkpoint must be synced before the task can be retried from it
+
     def on_save(self, args, state, control, **kwargs):
         if not self.sync_checkpoints:
             return

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from .base import (
     Reporter,
@@ -23,6 +25,15 @@ from .base import (
 logger = logging.getLogger(__name__)
 
 _default_store_uri: str | None = None  # the local store URI this module last chose
+
+
+def _without_credentials(uri: str) -> str:
+    parts = urlsplit(uri)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port else host
+        return urlunsplit(parts._replace(netloc=netloc))
+    return uri
 
 
 def _chunks(items: list, size: int) -> list[list]:
@@ -44,6 +55,11 @@ class MLflowCallback(Reporter):
     (`HF_MLFLOW_LOG_ARTIFACTS`): each checkpoint folder when saved, and the final model under
     `model/` at the end of training. The run is ended at the end of training only if this
     reporter started it.
+
+    With a tracking server (any URI but a local folder or SQLite file) the events run on the
+    reporter's worker thread (see `Reporter`): the run is started there, so `mlflow.active_run()`
+    on the training thread does not return it (`run_id` names it); an active run of the training
+    thread is still joined (or nested under, with `MLFLOW_NESTED_RUN`).
     """
 
     name = "mlflow"
@@ -64,6 +80,34 @@ class MLflowCallback(Reporter):
         self.run_id: str | None = None
         self._client: Any = None
         self._started_run = False
+        self._caller_active_run: Any = None  # the training thread's active run, read before queuing
+
+    def _user_tracking_uri(self) -> str | None:
+        """The tracking URI the user chose (variable or `mlflow.set_tracking_uri`), else None."""
+        if "mlflow" not in sys.modules:
+            return os.environ.get("MLFLOW_TRACKING_URI") or None
+        import mlflow
+        from mlflow.tracking._tracking_service.utils import is_tracking_uri_set
+
+        if is_tracking_uri_set() and mlflow.get_tracking_uri() != _default_store_uri:
+            return mlflow.get_tracking_uri()
+        return None
+
+    def service_address(self) -> str | None:
+        uri = self._user_tracking_uri()
+        if uri is None:
+            return None  # the local store in output_dir/mlruns
+        scheme = urlsplit(uri).scheme.lower()
+        if scheme in ("", "file", "sqlite") or len(scheme) == 1:  # a folder, a database file, C:\...
+            return None
+        return _without_credentials(uri) + " (MLFLOW_TRACKING_URI)"
+
+    def _on_training_thread(self, event: str) -> None:
+        # mlflow keeps the active run per thread: the worker cannot see the caller's.
+        if self.run_id is None and "mlflow" in sys.modules:
+            import mlflow
+
+            self._caller_active_run = mlflow.active_run()
 
     # -- set-up -------------------------------------------------------------------------------
     def _set_tracking_uri(self, args: Any) -> None:
@@ -92,6 +136,12 @@ class MLflowCallback(Reporter):
         if self.experiment_name:
             mlflow.set_experiment(self.experiment_name)
         active = mlflow.active_run()
+        parent_tags = None
+        if active is None and self._caller_active_run is not None:  # on the worker thread
+            active = self._caller_active_run
+            from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+            parent_tags = {MLFLOW_PARENT_RUN_ID: active.info.run_id}
         if self.resume_run_id:
             if active is not None and active.info.run_id == self.resume_run_id:
                 run = active
@@ -102,7 +152,10 @@ class MLflowCallback(Reporter):
             run_name = self.run_name_env or getattr(args, "run_name", None)
             if state.is_hyper_param_search and state.trial_name:
                 run_name = f"{run_name}-{state.trial_name}" if run_name else str(state.trial_name)
-            run = mlflow.start_run(run_name=run_name, nested=self.nested and active is not None)
+            if parent_tags is not None and self.nested:  # the parent is active on another thread
+                run = mlflow.start_run(run_name=run_name, tags=parent_tags)
+            else:
+                run = mlflow.start_run(run_name=run_name, nested=self.nested and active is not None)
             self._started_run = True
         else:
             run = active

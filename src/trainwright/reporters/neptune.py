@@ -67,6 +67,12 @@ class NeptuneCallback(Reporter):
             return "no NEPTUNE_API_TOKEN and NEPTUNE_MODE is not offline or debug"
         return None
 
+    def service_address(self) -> str | None:
+        mode = str(self.run_kwargs.get("mode") or os.environ.get("NEPTUNE_MODE", "")).strip().lower()
+        if mode in ("offline", "debug"):
+            return None
+        return "the Neptune server of NEPTUNE_API_TOKEN"
+
     def _key(self, *parts: str) -> str:
         return "/".join((self.base_namespace, *parts))
 
@@ -92,6 +98,7 @@ class NeptuneCallback(Reporter):
         has not started yet), for logging more into it."""
         for callback in trainer.callback_handler.callbacks:
             if isinstance(callback, cls):
+                callback.flush()  # the worker may be creating the run right now
                 callback._ensure_run(trainer.args, trainer.state)
                 return callback.run
         raise ValueError("The trainer doesn't have a NeptuneCallback configured.")

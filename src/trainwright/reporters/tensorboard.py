@@ -40,6 +40,9 @@ class TensorBoardCallback(Reporter):
         self.tb_writer = tb_writer
         self._own_writer = False
 
+    def service_address(self) -> str | None:
+        return None  # local event files: written on the training thread
+
     def log_dir(self, args: Any, state: Any) -> str:
         """Where this run's event files go."""
         log_dir = (

@@ -79,6 +79,12 @@ class WandbCallback(Reporter):
             return "no W&B credentials (WANDB_API_KEY or `wandb login`) and WANDB_MODE is not offline"
         return None
 
+    def service_address(self) -> str | None:
+        mode = os.environ.get("WANDB_MODE", "").strip().lower()
+        if mode in ("offline", "dryrun", "disabled"):
+            return None
+        return os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai (WANDB_BASE_URL)"
+
     def setup(self, args: Any, state: Any, model: Any, **kwargs: Any) -> None:
         """Start (or join) the W&B run and log the config, as `on_train_begin` does (transformers'
         public hook: subclass and override it to customise the run)."""
