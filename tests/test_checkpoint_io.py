@@ -357,7 +357,7 @@ def test_rng_file_per_rank(tmp_path):
     first = _draw()
     assert ckpt.load_rng_state(tmp_path, rank=1, world_size=2)
     assert _draw() == first
-    with pytest.warns(UserWarning, match="rng_state_0.pth.*reproducibility is not guaranteed"):
+    with pytest.warns(UserWarning, match="rng_state_0.pth does not exist.*not bit-exact"):
         assert ckpt.load_rng_state(tmp_path, rank=0, world_size=2) is False
 
 
@@ -374,8 +374,8 @@ def test_transformers_rng_file_is_restored(tmp_path):
 def test_unsafe_rng_file_is_not_restored(tmp_path):
     marker = tmp_path / "pwned"
     torch.save({"python": _Touch(marker), "cpu": torch.get_rng_state()}, tmp_path / "rng_state.pth")
-    with pytest.warns(UserWarning, match="refusing to unpickle.*reproducibility is not guaranteed"):
-        assert ckpt.load_rng_state(tmp_path) is False
+    with pytest.raises(ckpt.CheckpointError, match="refusing to unpickle.*Delete that file"):
+        ckpt.load_rng_state(tmp_path)
     assert not marker.exists()
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import errno
+import importlib
 import inspect
 import json
 import os
@@ -331,6 +332,19 @@ def _unpickle_reason(exc: BaseException) -> str:
     return "it holds objects other than tensors and plain containers"
 
 
+def _names_a_real_global(reason: str) -> bool:
+    """Whether a weights-only refusal names an importable object (a pickle that asks for code), as
+    opposed to a name or opcode that exists nowhere (a damaged file)."""
+    m = re.search(r"Unsupported global: GLOBAL ([\w.]+)", reason)
+    if m is None:
+        return True  # e.g. an opcode torch's weights-only reader does not take: a pickle of other things
+    module, _, name = m.group(1).rpartition(".")
+    try:
+        return hasattr(importlib.import_module(module or "builtins"), name)
+    except Exception:  # not importable: the name itself is garbled
+        return False
+
+
 def safe_torch_load(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
     """`torch.load(path, weights_only=True)`: tensors and plain containers only, never code.
 
@@ -344,9 +358,12 @@ def safe_torch_load(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
+        reason = _unpickle_reason(exc)
+        if not _names_a_real_global(reason):  # garbled opcodes or names: damage, not a payload
+            raise CheckpointError(f"could not read {path}: the file is damaged ({reason})") from None
         raise CheckpointError(
             f"refusing to unpickle {path}: loading it would need arbitrary unpickling, which can run code "
-            f"({_unpickle_reason(exc)})"
+            f"({reason})"
         ) from None
     except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile) as exc:
         raise CheckpointError(f"could not read {path}: {exc}") from exc
@@ -503,17 +520,42 @@ def _shard_files(directory: str, index_name: str) -> tuple[list[str], dict]:
         raise CheckpointError(f"{index_path} has no 'weight_map' object")
     files = []
     for name in dict.fromkeys(weight_map.values()):
-        path = os.path.join(directory, name)
+        path = contained_path(directory, name, index_path)
         if not os.path.isfile(path):
             raise _missing(path)
         files.append(path)
     return files, index
 
 
+def contained_path(directory: str, name: Any, source: str) -> str:
+    """`directory/name`, refused (naming `source`, the file that named it) unless it is a plain file
+    name inside `directory`: no absolute path, no `..`, no symbolic link out of the folder."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or os.path.isabs(name)
+        or ".." in name.replace("\\", "/").split("/")
+    ):
+        raise CheckpointError(f"{source} names {name!r}, which is not a file inside {directory}: refused")
+    path = os.path.join(directory, name)
+    if os.path.islink(path) or not os.path.realpath(path).startswith(os.path.realpath(directory) + os.sep):
+        raise CheckpointError(f"{path} is a symbolic link or leaves {directory}: refused")
+    return path
+
+
 def _find_weight_files(directory: str) -> _WeightFiles:
     if not os.path.isdir(directory):
         raise CheckpointFileNotFoundError(f"checkpoint folder {directory} does not exist")
     join = os.path.join
+    links = [
+        n
+        for n in (WEIGHTS_NAME, WEIGHTS_INDEX_NAME, PT_WEIGHTS_NAME, PT_WEIGHTS_INDEX_NAME)
+        if os.path.islink(join(directory, n))
+    ]
+    if links:
+        raise CheckpointError(
+            f"{join(directory, links[0])} is a symbolic link: a checkpoint's files must be its own"
+        )
     if os.path.isfile(join(directory, WEIGHTS_INDEX_NAME)):
         files, index = _shard_files(directory, WEIGHTS_INDEX_NAME)
         aliases = (index.get("metadata") or {}).get(ALIASES_KEY) or {}
@@ -617,7 +659,9 @@ def load_model_weights(
         try:
             model.load_state_dict({k: v for k, v in chunk.items() if k in own}, strict=False)
         except RuntimeError as exc:  # e.g. a buffer of another shape the model does not resize
-            raise CheckpointError(f"{found.described} does not load into {type(model).__name__}: {exc}") from exc
+            raise CheckpointError(
+                f"{found.described} does not load into {type(model).__name__}: {exc}"
+            ) from exc
     if missing or unexpected:
         warnings.warn(
             f"{found.described}: missing keys {_preview(missing)}, unexpected keys {_preview(unexpected)}",

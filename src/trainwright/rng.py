@@ -10,7 +10,7 @@ Public API (re-exported by `trainwright.checkpoint`):
   `world_size > 1` (one file per global rank).
 * `save_rng_state(directory, rank=0, world_size=1) -> str` and
   `load_rng_state(directory, rank=0, world_size=1) -> bool` (False, with a warning, when the file is
-  missing or unreadable: training goes on, but reproducibility is not guaranteed).
+  missing; a damaged or unsafe file is an error naming it).
 """
 
 from __future__ import annotations
@@ -127,8 +127,20 @@ def _load_foreign(path: str) -> dict[str, Any]:
 
 
 def load_rng_state(directory: str | os.PathLike, rank: int = 0, world_size: int = 1) -> bool:
-    """Restore this rank's RNG state from `directory`; False (and a warning) when it can't be."""
+    """Restore this rank's RNG state from `directory`.
+
+    A missing file gives False and a warning (deleting it is how a resume opts out of the RNG
+    state); a damaged or unsafe one raises `CheckpointError` naming it, since going on would
+    silently lose the run's exactness.
+    """
     path = rng_state_file(directory, rank, world_size)
+    if not os.path.isfile(path):
+        warnings.warn(
+            f"RNG state not restored: {path} does not exist; training continues but the resumed run is not "
+            "bit-exact",
+            stacklevel=2,
+        )
+        return False
     try:
         try:
             state = safe_torch_load(path)
@@ -138,10 +150,8 @@ def load_rng_state(directory: str | os.PathLike, rank: int = 0, world_size: int 
             state = _load_foreign(path)
         restore_rng_state(state)
     except (CheckpointError, ValueError, KeyError, TypeError) as exc:
-        warnings.warn(
-            f"RNG state not restored from {path} ({exc}); training continues but reproducibility is not "
-            "guaranteed",
-            stacklevel=2,
-        )
-        return False
+        raise CheckpointError(
+            f"could not restore the RNG state from {path} ({exc}). Delete that file to resume without it "
+            "(the resumed run is then not bit-exact), or resume from an earlier checkpoint."
+        ) from exc
     return True

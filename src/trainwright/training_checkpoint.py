@@ -427,7 +427,7 @@ def restore(trainer: Trainer, path: str, train_dataloader: Any) -> None:
         dataset.load_state_dict(data_state["dataset_state"])
         trainer._iterable_restored = True
     if not args.save_only_model:
-        ckpt.load_rng_state(path, runtime.rank, runtime.world_size)  # warns itself when it can't
+        ckpt.load_rng_state(path, runtime.rank, runtime.world_size)  # a damaged file is an error
     logger.info(
         "Resumed from %s at step %d (epoch %d, batch %d of it).",
         path,
