@@ -70,6 +70,17 @@ class KubeflowCallback(Reporter):
             return f"not inside a Kubeflow TrainJob ({cls._ENV_SERVER_URL} is not set)"
         return None
 
+    def service_address(self) -> str | None:
+        return self.url  # posts run on the reporter's worker thread: a dead server never stalls a step
+
+    def _queue_event(self, event: str, method: Any, args: tuple, kwargs: dict) -> None:
+        # Most step ends fall inside the throttle interval: drop them here, on the training thread,
+        # rather than snapshotting the state and waking the worker every step. The worker's own
+        # check in _update stays the authority.
+        if event == "on_step_end" and time.monotonic() - self._last_update < self._MIN_UPDATE_INTERVAL:
+            return
+        super()._queue_event(event, method, args, kwargs)
+
     # -- the status endpoint ------------------------------------------------------------------
     def _context(self) -> ssl.SSLContext | None:
         if self._ssl_context is None and self.url and self.url.startswith("https:"):

@@ -56,6 +56,11 @@ class SwanLabCallback(Reporter):
             return None
         return "no SwanLab API key (SWANLAB_API_KEY or `swanlab login`) and SWANLAB_MODE is not local/offline"
 
+    def service_address(self) -> str | None:
+        if os.environ.get("SWANLAB_MODE", "").strip() in _UNATTENDED_MODES:
+            return None  # local files only: events run on the training thread
+        return os.environ.get("SWANLAB_API_HOST") or "the SwanLab cloud (SWANLAB_API_HOST)"
+
     def setup(self, args: Any, state: Any, model: Any, **kwargs: Any) -> None:
         """Start (or join) the SwanLab run and log the config, as `on_train_begin` does (transformers'
         public hook: subclass and override it to customise the run)."""
