@@ -153,6 +153,18 @@ def trainwright_save(trainer: Trainer) -> float:
     return time.perf_counter() - start
 
 
+def save_without_checksums(trainer: Trainer) -> float:
+    """The same save with the checksum computation switched off, to measure what it adds."""
+    from trainwright import checkpoint as ckpt_module
+
+    real = ckpt_module.file_checksum
+    ckpt_module.file_checksum = lambda path: ""
+    try:
+        return trainwright_save(trainer)
+    finally:
+        ckpt_module.file_checksum = real
+
+
 def _folder_bytes(folder: str) -> int:
     return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(folder) for f in fs)
 
@@ -163,7 +175,7 @@ def _reset(path: str) -> None:
     os.sync()
 
 
-def bench_save(name: str, build, repeats: int, profile: bool) -> tuple[float, float]:
+def bench_save(name: str, build, repeats: int, profile: bool) -> tuple[float, float, float]:
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as root:
         trainer = _trained_trainer(build, os.path.join(root, "run"))
         model, optimizer = trainer.model, trainer.optimizer
@@ -171,10 +183,11 @@ def bench_save(name: str, build, repeats: int, profile: bool) -> tuple[float, fl
         raw_path = os.path.join(root, "raw")
         runners = {
             "trainwright _save_checkpoint": lambda: trainwright_save(trainer),
+            "trainwright, no checksums": lambda: save_without_checksums(trainer),
             "raw save_file + torch.save": lambda: raw_save(model, optimizer, raw_path, durable=False),
             "raw + fsync": lambda: raw_save(model, optimizer, raw_path, durable=True),
         }
-        outputs = {"trainwright _save_checkpoint": tw_path}
+        outputs = {"trainwright _save_checkpoint": tw_path, "trainwright, no checksums": tw_path}
         keys = list(runners)
         times: dict[str, list[float]] = {k: [] for k in keys}
         sizes: dict[str, int] = {}
@@ -201,7 +214,7 @@ def bench_save(name: str, build, repeats: int, profile: bool) -> tuple[float, fl
     print(f"\nSave: {name}, {params / 1e6:.1f}M parameters, AdamW state; {repeats} alternating runs")
     for key in keys:
         print(f"  {key:30s} {summary(times[key])}   {sizes[key] / 1e6:7.1f} MB written")
-    tw_key, raw_key, fsync_key = keys
+    tw_key, plain_key, raw_key, fsync_key = keys
     vs_raw = statistics.median(times[tw_key]) / statistics.median(times[raw_key])
     vs_fsync = statistics.median(times[tw_key]) / statistics.median(times[fsync_key])
     print(
@@ -212,7 +225,14 @@ def bench_save(name: str, build, repeats: int, profile: bool) -> tuple[float, fl
         f"  ratio trainwright / raw+fsync   {vs_fsync:.3f}   (of the minimums "
         f"{min(times[tw_key]) / min(times[fsync_key]):.3f})   same durability as trainwright"
     )
-    return vs_raw, vs_fsync
+    added = statistics.median(times[tw_key]) - statistics.median(times[plain_key])
+    share = added / statistics.median(times[tw_key])
+    print(
+        f"  checksums (xxh3-64, overlapped with the fsyncs) add {added * 1e3:.1f} ms median = "
+        f"{share:.1%} of the save (of the minimums "
+        f"{(min(times[tw_key]) - min(times[plain_key])) / min(times[tw_key]):.1%})   (goal < 5%)"
+    )
+    return vs_raw, vs_fsync, share
 
 
 # --------------------------------------------------------------------------------------- resume
@@ -440,8 +460,9 @@ def main() -> int:
     results = []
     if ns.skip != "save":
         for name, build in save_models():
-            vs_raw, vs_fsync = bench_save(name, build, ns.repeats, ns.profile)
+            vs_raw, vs_fsync, share = bench_save(name, build, ns.repeats, ns.profile)
             results.append(f"save, {name}: {vs_raw:.3f} vs raw (goal <= 1.15), {vs_fsync:.3f} vs raw+fsync")
+            results.append(f"checksum share of the save, {name}: {share:.1%} (goal < 5%)")
     if ns.skip != "resume":
         for name, workload, kind in resume_workloads():
             ratio = bench_resume(name, workload, kind, ns.resume_repeats, ns.log_every, ns.profile)
