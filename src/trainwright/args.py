@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from . import runtime as runtime_module
+from .accelerator_config import AcceleratorConfig
 from .checkpoint_io import parse_size
 from .enums import (
     FSDP_SHARDING_STRATEGIES,
@@ -81,8 +82,10 @@ V4_V5_CHOICES: dict[str, str] = {
     "False is ignored with a warning.",
     "run_name": "Default None (v5); v4 documented output_dir as the default.",
     "trackio_space_id": 'Default None (v5) rather than "trackio" (v4): nothing is deployed to the Hub.',
-    "accelerator_config": "A plain dict (no accelerate object), filled with accelerate's defaults for the "
-    "known keys; a JSON string or a JSON file path is read; unknown keys are an error.",
+    "accelerator_config": "An AcceleratorConfig (accelerator_config.py), read by attribute or as a dict; a dict, "
+    "JSON string, JSON file path or transformers' AcceleratorConfig is read; unknown keys are an error. "
+    "non_blocking and gradient_accumulation_kwargs (num_steps, sync_each_batch) are honoured; split_batches, "
+    "dispatch_batches=True, even_batches=False, use_seedable_sampler=False, use_configured_state are refused.",
     "fsdp": 'Normalised to a list of FSDPOption words (v4 style); True means ["full_shard"]. FSDP runs on '
     'PyTorch\'s FSDP2 (fully_shard); fsdp_config keys lose a leading "fsdp_".',
     "debug": "Normalised to a list of DebugOption (a space-separated string is split), as in both versions.",
@@ -92,8 +95,9 @@ V4_V5_CHOICES: dict[str, str] = {
     "initialises the device inside TrainingArguments); runtime.bf16_supported() answers it.",
     "half_precision_backend": 'Accepted (v4); trainwright always uses torch.amp, so values other than "auto" '
     "warn and change nothing. fp16_backend (older v4) maps onto it.",
-    "enable_jit_checkpoint": "Accepted (v5). trainwright's own preemption_signals (default SIGTERM, SIGUSR1, "
-    "SIGINT) name the signals on which training checkpoints and stops; [] turns that off.",
+    "enable_jit_checkpoint": "v5: True saves a checkpoint at the end of the step on SIGTERM and stops. "
+    "preemption_signals (trainwright) names the signals explicitly and then wins; when it is not given, "
+    'the signals are ["SIGTERM"] with enable_jit_checkpoint=True and none with False (the default).',
     "evaluation_strategy": "Old name of eval_strategy (v4 < 4.46): maps onto it with a warning.",
     "per_gpu_train_batch_size": "Old name (v4): maps onto per_device_train_batch_size with a warning "
     "(likewise per_gpu_eval_batch_size).",
@@ -151,11 +155,6 @@ def _arg(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = N
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
-
-
-def _default_preemption_signals() -> list[str]:
-    # SIGUSR1 does not exist on Windows. SIGINT (Ctrl-C) saves too; a second Ctrl-C aborts at once.
-    return [name for name in ("SIGTERM", "SIGUSR1", "SIGINT") if hasattr(signal, name)]
 
 
 def _jsonable(value: Any) -> Any:
@@ -217,15 +216,6 @@ _HALF_PRECISION_BACKENDS = ["auto", "apex", "cpu_amp"]
 _DDP_BACKENDS = ["nccl", "gloo", "mpi", "xccl", "hccl", "cncl", "mccl", "ccl"]
 _MP_CONTEXTS = ["fork", "spawn", "forkserver"]
 # The fields of transformers' AcceleratorConfig, with its defaults.
-_ACCELERATOR_DEFAULTS: dict[str, Any] = {
-    "split_batches": False,
-    "dispatch_batches": None,
-    "even_batches": True,
-    "use_seedable_sampler": True,
-    "non_blocking": False,
-    "gradient_accumulation_kwargs": None,
-    "use_configured_state": False,
-}
 _DICT_FIELDS = (
     "lr_scheduler_kwargs",
     "fsdp_config",
@@ -381,9 +371,13 @@ class TrainingArguments:
     save_only_model: bool = _arg(False, "Save only the model (no optimizer/scheduler/RNG: no resume).")
     save_max_shard_size: str = _arg("5GB", "Largest safetensors shard, e.g. '5GB', '500MiB'.")
     preemption_signals: list[str] = _arg(
-        None, "Signals on which training saves a checkpoint and stops.", factory=_default_preemption_signals
+        None,
+        "Signals on which training saves a checkpoint and stops (default: SIGTERM with enable_jit_checkpoint, "
+        "else none; [] turns it off).",
     )
-    enable_jit_checkpoint: bool = _arg(False, "v5 preemption checkpointing (see preemption_signals).")
+    enable_jit_checkpoint: bool = _arg(
+        False, "v5: on SIGTERM, save a checkpoint at the end of the step and stop (see preemption_signals)."
+    )
     restore_callback_states_from_checkpoint: bool = _arg(False, "Restore stateful callbacks on resume.")
     load_best_model_at_end: bool = _arg(False, "Load the best checkpoint when training ends.")
     metric_for_best_model: str | None = _arg(None, 'Metric that ranks checkpoints (default "loss").')
@@ -464,6 +458,9 @@ class TrainingArguments:
         None, 'Old: fsdp_config["transformer_layer_cls_to_wrap"].'
     )
     ray_scope: str | None = _arg("last", "Ray Tune scope for hyperparameter search.")
+    sharded_ddp: list[str] | str | None = _arg(
+        "", "FairScale sharded DDP (transformers < 4.35): refused, use fsdp."
+    )
 
     # ------------------------------------------------------------------------------ validation
 
@@ -536,13 +533,19 @@ class TrainingArguments:
         if self.fsdp_config is None:
             self.fsdp_config = {}
         self.fsdp_config = {(k[5:] if k.startswith("fsdp_") else k): v for k, v in self.fsdp_config.items()}
-        accelerator = dict(self.accelerator_config or {})
-        unknown = sorted(set(accelerator) - set(_ACCELERATOR_DEFAULTS))
-        if unknown:
-            raise self._invalid(
-                "accelerator_config", f"unknown keys {unknown}; known: {list(_ACCELERATOR_DEFAULTS)}"
-            )
-        self.accelerator_config = {**_ACCELERATOR_DEFAULTS, **accelerator}
+        # An AcceleratorConfig (accelerator_config.py): read by attribute or as a dict; refused
+        # settings raise here, gradient_accumulation_kwargs["num_steps"] sets the accumulation.
+        self.accelerator_config = AcceleratorConfig.from_mapping(
+            self.accelerator_config or {}, type(self).__name__
+        )
+        steps = (self.accelerator_config.gradient_accumulation_kwargs or {}).get("num_steps")
+        if steps is not None and steps != self.gradient_accumulation_steps:
+            if self.gradient_accumulation_steps != 1:
+                raise self._invalid(
+                    "gradient_accumulation_steps",
+                    f"accelerator_config's gradient_accumulation_kwargs num_steps={steps} also sets it; give one",
+                )
+            self.gradient_accumulation_steps = steps
 
     def _dict_from_string(self, name: str, text: str) -> dict[str, Any] | str:
         if text.strip().startswith("{"):
@@ -574,9 +577,9 @@ class TrainingArguments:
     # -- old names -----------------------------------------------------------------------------------
 
     def _take_old(self, old: str, v4_default: Any, new: str | None) -> Any:
-        """Return the value given under the old name `old` (None if unset or the v4 default), resetting it."""
+        """Return the value given under the old name `old` (None if unset or the v4 default). The old
+        field keeps it, so v4 code reads back what it set (`args.no_cuda` stays True)."""
         value = getattr(self, old)
-        setattr(self, old, _FIELD_DEFAULTS[old])
         if value is None or value == v4_default:
             return None
         target = f"; use {new} instead" if new else ""
@@ -618,7 +621,7 @@ class TrainingArguments:
         if self._take_old("include_inputs_for_metrics", False, 'include_for_metrics=["inputs"]'):
             self.include_for_metrics = [*(self.include_for_metrics or []), "inputs"]
         if self._take_old("tpu_metrics_debug", False, 'debug="tpu_metrics_debug"'):
-            self.debug = [*_words(self.debug), "tpu_metrics_debug"]
+            self.debug = list(dict.fromkeys([*_words(self.debug), "tpu_metrics_debug"]))
         self._resolve_old_hub_names()
         if (v := self._take_old("fsdp_min_num_params", 0, 'fsdp_config["min_num_params"]')) is not None:
             self.fsdp_config.setdefault("min_num_params", v)
@@ -687,6 +690,7 @@ class TrainingArguments:
             self.include_num_input_tokens_seen = "all" if self.include_num_input_tokens_seen else "no"
         self._one_of("include_num_input_tokens_seen", _TOKENS_SEEN)
         self._one_of("train_sampling_strategy", _SAMPLING_STRATEGIES)
+        self.group_by_length = self.train_sampling_strategy == "group_by_length"  # the v4 name reads it back
         if isinstance(self.include_for_metrics, str):
             self.include_for_metrics = [self.include_for_metrics]
         self.include_for_metrics = list(dict.fromkeys(self.include_for_metrics or []))
@@ -738,6 +742,15 @@ class TrainingArguments:
             raise self._invalid("dataloader_timeout", "expected a number of seconds >= 0 (0: wait forever)")
         if self.dataloader_timeout > 0 and self.dataloader_num_workers == 0:
             raise self._invalid("dataloader_timeout", "only applies with dataloader_num_workers > 0")
+        if self.dataloader_multiprocessing_context is not None and self.dataloader_num_workers == 0:
+            raise self._invalid(
+                "dataloader_multiprocessing_context", "only applies with dataloader_num_workers > 0"
+            )
+        if self.dataloader_in_order is False and self.dataloader_num_workers > 0:
+            logger.warning(
+                "dataloader_in_order=False: workers return batches as they finish, so a checkpoint's "
+                "position may not match the batches seen so far; a resume can repeat or skip those few batches."
+            )
         if _is_number(self.max_steps) and float(self.max_steps).is_integer():
             self.max_steps = int(self.max_steps)
         if not _is_int(self.max_steps):
@@ -911,6 +924,27 @@ class TrainingArguments:
                 "parallelism_config",
                 "accelerate's ParallelismConfig is not supported; use fsdp / fsdp_config",
             )
+        if self.sharded_ddp:
+            raise self._invalid(
+                "sharded_ddp",
+                "FairScale's sharded DDP (transformers < 4.35) is not provided; use fsdp "
+                '(e.g. fsdp="full_shard" for zero_dp_3, fsdp="shard_grad_op" for zero_dp_2)',
+            )
+        env_local_rank = os.environ.get("LOCAL_RANK")
+        if self.local_rank != -1:
+            self._check_int("local_rank", 0)
+            if self.local_rank != (int(env_local_rank) if env_local_rank not in (None, "") else 0):
+                raise self._invalid(
+                    "local_rank",
+                    f"this process's LOCAL_RANK is {env_local_rank!r} (what the runtime uses); launch with "
+                    "torchrun, which sets LOCAL_RANK, and leave local_rank at -1",
+                )
+        if self.project != "huggingface":
+            raise self._invalid(
+                "project",
+                "upstream only the trackio reporter reads it, and trainwright has no trackio reporter; "
+                "name the project through the reporter's own setting (WANDB_PROJECT, COMET_PROJECT_NAME, ...)",
+            )
 
     # -- reporting, output and signals -----------------------------------------------------------
 
@@ -920,10 +954,17 @@ class TrainingArguments:
             self.disable_tqdm = logging.getLogger("trainwright").getEffectiveLevel() > logging.WARNING
         if self.use_cpu:
             self.dataloader_pin_memory = False
+        elif self.accelerator_config.non_blocking and not self.dataloader_pin_memory:
+            logger.warning(
+                "accelerator_config non_blocking=True but dataloader_pin_memory=False: copies from pageable "
+                "memory are not asynchronous; enable both for the best performance."
+            )
         try:
             parse_size(self.save_max_shard_size)  # the parser the checkpoint writer uses
         except ValueError as e:
             raise self._invalid("save_max_shard_size", str(e)) from None
+        if self.preemption_signals is None:  # not given: v5's enable_jit_checkpoint decides
+            self.preemption_signals = ["SIGTERM"] if self.enable_jit_checkpoint else []
         self.preemption_signals = self._normalise_signals(self.preemption_signals)
 
     @staticmethod
@@ -1055,11 +1096,19 @@ class TrainingArguments:
     def get_process_log_level(self) -> int:
         """Log level for this process: `log_level` where `should_log`, else `log_level_replica`.
 
-        "passive" keeps the current level of the `trainwright` logger.
+        "passive" gives transformers' verbosity, as upstream does, when transformers is imported (an
+        example script's `transformers.utils.logging.set_verbosity_info()` makes it INFO); without
+        transformers, the current level of the `trainwright` logger.
         """
         name = self.log_level if self.should_log else self.log_level_replica
         level = _LOG_LEVELS[name]
-        return logging.getLogger("trainwright").getEffectiveLevel() if level == -1 else level
+        if level != -1:
+            return level
+        if "transformers" in sys.modules:
+            import transformers.utils.logging as hf_logging
+
+            return hf_logging.get_verbosity()
+        return logging.getLogger("trainwright").getEffectiveLevel()
 
     # -------------------------------------------------------------- devices and processes (lazy)
 

@@ -584,6 +584,10 @@ def make_dataloader(
             kwargs["prefetch_factor"] = args.dataloader_prefetch_factor
         if getattr(args, "dataloader_timeout", 0):
             kwargs["timeout"] = float(args.dataloader_timeout)
+        if getattr(args, "dataloader_multiprocessing_context", None) is not None:
+            kwargs["multiprocessing_context"] = args.dataloader_multiprocessing_context
+        if getattr(args, "dataloader_in_order", True) is False:
+            kwargs["in_order"] = False  # workers hand batches back as they finish (torch >= 2.6)
     return EpochSeededDataLoader(
         dataset,
         seed=seed,

@@ -8,6 +8,7 @@ step, scheduler step, zero grad; advance the cursor; fire events; maybe log / ev
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import math
 import os
@@ -115,7 +116,12 @@ class Trainer:
             processing_class = processing_class if processing_class is not None else tokenizer
         self.runtime = get_runtime(use_cpu=args.use_cpu, backend=args.ddp_backend, timeout_s=args.ddp_timeout)
         if (args.log_level if args.should_log else args.log_level_replica) != "passive":
-            logging.getLogger("trainwright").setLevel(args.get_process_log_level())  # replicas: warning
+            level = args.get_process_log_level()  # replicas: warning
+            logging.getLogger("trainwright").setLevel(level)
+            if importlib.util.find_spec("transformers") is not None:  # as upstream's Trainer does
+                import transformers.utils.logging as hf_logging
+
+                hf_logging.set_verbosity(level)
         if DebugOption.TPU_METRICS_DEBUG in args.debug:
             raise ValueError(
                 'debug="tpu_metrics_debug" (tpu_metrics_debug=True) prints the TPU metrics report of torch_xla, '
@@ -428,7 +434,7 @@ class Trainer:
         device = self.runtime.device
         if device.type == "cpu":
             return inputs  # batches are made on the CPU
-        non_blocking = device.type == "cuda"
+        non_blocking = device.type == "cuda" and self.args.accelerator_config.non_blocking
         if isinstance(inputs, Mapping):
             return _same_mapping(inputs, {k: self._prepare_inputs(v) for k, v in inputs.items()})
         if isinstance(inputs, (list, tuple)):
@@ -815,7 +821,7 @@ class Trainer:
         if self._deepspeed is not None:  # the engine reduces at the boundary it is told of
             self._deepspeed.set_boundary(not skip_sync)
             return _NO_CONTEXT
-        if skip_sync and self.runtime.distributed:
+        if skip_sync and self.runtime.distributed and not self.args.accelerator_config.sync_each_batch:
             return self.runtime.no_sync(self.model_wrapped, skip_sync=True)
         return _NO_CONTEXT
 

@@ -1,0 +1,156 @@
+"""`TrainingArguments.accelerator_config`: transformers' `AcceleratorConfig`, read by attribute or as a dict.
+
+trainwright does not build an `accelerate.Accelerator`; each setting is either honoured by the
+Trainer itself or refused when the arguments are built (`check`), with the reason:
+
+- `non_blocking`: host-to-device copies of batches are `non_blocking` (warns without pinned memory).
+- `gradient_accumulation_kwargs`: `num_steps` becomes `gradient_accumulation_steps` (an error when
+  both are set and differ, as upstream); `sync_each_batch=True` all-reduces gradients on every
+  micro-batch instead of only the last of each step.
+- refused: `split_batches=True`, `dispatch_batches=True`, `even_batches=False`,
+  `use_seedable_sampler=False`, `use_configured_state=True`, `gradient_accumulation_kwargs`
+  `adjust_scheduler=False` / `sync_with_dataloader=False` (see `_REFUSED` for why).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["AcceleratorConfig"]
+
+_GRAD_ACC_KEYS = ("num_steps", "adjust_scheduler", "sync_with_dataloader", "sync_each_batch")
+
+# (key, refused value, why)
+_REFUSED = (
+    (
+        "split_batches",
+        True,
+        "trainwright's global batch is per_device_train_batch_size x processes; for a global batch of B "
+        "over N processes set per_device_train_batch_size=B/N",
+    ),
+    (
+        "dispatch_batches",
+        True,
+        "each process reads its own shard of a map-style dataset through its sampler; batches are never "
+        "loaded on process 0 and sent to the others",
+    ),
+    (
+        "even_batches",
+        False,
+        "processes always get the same number of batches (the sampler repeats samples to even them out; "
+        "the repeats are dropped from evaluation results): uneven training batches would leave DDP "
+        "waiting in a collective",
+    ),
+    (
+        "use_seedable_sampler",
+        False,
+        "trainwright's samplers are always seeded by (seed, epoch) so that resume is exact",
+    ),
+    (
+        "use_configured_state",
+        True,
+        "trainwright does not use an accelerate AcceleratorState",
+    ),
+)
+
+
+@dataclass(eq=False)
+class AcceleratorConfig(Mapping):
+    """The settings of upstream's `AcceleratorConfig`; also a read-only mapping (`cfg["split_batches"]`)."""
+
+    split_batches: bool = False
+    dispatch_batches: bool | None = None
+    even_batches: bool = True
+    use_seedable_sampler: bool = True
+    non_blocking: bool = False
+    gradient_accumulation_kwargs: dict[str, Any] | None = None
+    use_configured_state: bool = False
+
+    # -- mapping view ------------------------------------------------------------------------
+    def __getitem__(self, key: str) -> Any:
+        if key not in _NAMES:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_NAMES)
+
+    def __len__(self) -> int:
+        return len(_NAMES)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _NAMES}
+
+    def __repr__(self) -> str:
+        return f"AcceleratorConfig({', '.join(f'{k}={v!r}' for k, v in self.items())})"
+
+    # -- validation ----------------------------------------------------------------------------
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], owner: str) -> AcceleratorConfig:
+        """Build from a dict; unknown keys, wrong types and refused values raise naming the key."""
+        unknown = sorted(set(values) - set(_NAMES))
+        if unknown:
+            raise ValueError(f"{owner}: accelerator_config has unknown keys {unknown}; known: {list(_NAMES)}")
+        config = cls(**values)
+        config.check(owner)
+        return config
+
+    def check(self, owner: str) -> None:
+        def bad(key: str, why: str) -> ValueError:
+            return ValueError(f"{owner}: accelerator_config[{key!r}]={self[key]!r} is invalid: {why}")
+
+        for key in (
+            "split_batches",
+            "even_batches",
+            "use_seedable_sampler",
+            "non_blocking",
+            "use_configured_state",
+        ):
+            if not isinstance(self[key], bool):
+                raise bad(key, "expected True or False")
+        if self.dispatch_batches is not None and not isinstance(self.dispatch_batches, bool):
+            raise bad("dispatch_batches", "expected None, True or False")
+        for key, refused, why in _REFUSED:
+            if self[key] is refused:
+                raise bad(key, f"not supported: {why}")
+        kwargs = self.gradient_accumulation_kwargs
+        if kwargs is None:
+            return
+        if not isinstance(kwargs, Mapping):
+            raise bad(
+                "gradient_accumulation_kwargs", f"expected a dict with keys from {list(_GRAD_ACC_KEYS)}"
+            )
+        self.gradient_accumulation_kwargs = kwargs = dict(kwargs)
+        unknown = sorted(set(kwargs) - set(_GRAD_ACC_KEYS))
+        if unknown:
+            raise bad(
+                "gradient_accumulation_kwargs", f"unknown keys {unknown}; known: {list(_GRAD_ACC_KEYS)}"
+            )
+        steps = kwargs.get("num_steps")
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+            raise bad("gradient_accumulation_kwargs", "num_steps must be an integer >= 1")
+        for key in ("adjust_scheduler", "sync_with_dataloader", "sync_each_batch"):
+            if key in kwargs and not isinstance(kwargs[key], bool):
+                raise bad("gradient_accumulation_kwargs", f"{key} must be True or False")
+        if kwargs.get("adjust_scheduler") is False:
+            raise bad(
+                "gradient_accumulation_kwargs",
+                "adjust_scheduler=False is not supported: the schedule always advances once per optimizer step",
+            )
+        if kwargs.get("sync_with_dataloader") is False:
+            raise bad(
+                "gradient_accumulation_kwargs",
+                "sync_with_dataloader=False is not supported: the last, shorter step of an epoch always "
+                "updates the weights",
+            )
+
+    @property
+    def sync_each_batch(self) -> bool:
+        """`gradient_accumulation_kwargs["sync_each_batch"]`: all-reduce gradients on every micro-batch."""
+        return bool((self.gradient_accumulation_kwargs or {}).get("sync_each_batch", False))
+
+
+_NAMES = tuple(f.name for f in dataclasses.fields(AcceleratorConfig))
