@@ -149,6 +149,28 @@ def test_updates_are_throttled(tmp_path, in_trainjob):
     assert progress == [0, 100]
 
 
+def test_step_ends_inside_the_interval_are_not_queued_for_the_worker(tmp_path, in_trainjob):
+    class Counting(KubeflowCallback):
+        ran = 0
+
+        def on_step_end(self, args, state, control, **kwargs):
+            Counting.ran += 1  # on the worker thread: only step ends that were queued get here
+            super().on_step_end(args, state, control, **kwargs)
+
+    callback = Counting()
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=40, per_device_train_batch_size=4, report_to="none",
+        save_strategy="no", disable_tqdm=True, use_cpu=True,
+    )  # fmt: skip
+    Trainer(
+        model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=32), callbacks=[callback]
+    ).train()
+    assert callback.service_address() == in_trainjob["url"]  # events go through the worker thread
+    assert Counting.ran == 0  # a sub-second run: every step end was inside the interval
+    progress = [r["body"]["trainerStatus"]["progressPercentage"] for r in in_trainjob["received"]]
+    assert progress[0] == 0 and progress[-1] == 100
+
+
 def test_an_unreachable_or_untrusted_server_never_stops_training(tmp_path, in_trainjob, monkeypatch, caplog):
     caplog.set_level(logging.WARNING, logger="trainwright.reporters")
     monkeypatch.setattr(KubeflowCallback, "_MIN_UPDATE_INTERVAL", 0.0)

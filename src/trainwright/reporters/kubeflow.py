@@ -57,6 +57,7 @@ class KubeflowCallback(Reporter):
         self._metrics: dict[str, int | float] = {}
         self._start_time: float | None = None
         self._last_update = float("-inf")
+        self._queued_at = float("-inf")  # when the training thread last queued an update
         self._token: str | None = None
         self._token_read_at = float("-inf")
         self._ssl_context: ssl.SSLContext | None = None
@@ -75,10 +76,15 @@ class KubeflowCallback(Reporter):
 
     def _queue_event(self, event: str, method: Any, args: tuple, kwargs: dict) -> None:
         # Most step ends fall inside the throttle interval: drop them here, on the training thread,
-        # rather than snapshotting the state and waking the worker every step. The worker's own
-        # check in _update stays the authority.
-        if event == "on_step_end" and time.monotonic() - self._last_update < self._MIN_UPDATE_INTERVAL:
-            return
+        # rather than snapshotting the state and waking the worker every step. This gate has its
+        # own clock (the worker's may lag behind); the worker's check in _update stays the authority.
+        now = time.monotonic()
+        if event == "on_train_begin":
+            self._queued_at = now
+        elif event == "on_step_end":
+            if now - self._queued_at < self._MIN_UPDATE_INTERVAL:
+                return
+            self._queued_at = now
         super()._queue_event(event, method, args, kwargs)
 
     # -- the status endpoint ------------------------------------------------------------------
