@@ -1,0 +1,50 @@
+"""dist_job.py's tasks with every gradient all-reduce counted (a DDP comm hook), for the
+accelerator_config tests: each rank writes DIR/<task>/syncs_<rank>.json with the number of
+gradient buckets it all-reduced during training.
+
+    python -m torch.distributed.run --nproc_per_node=2 accelerator_job.py '{"out": DIR, "tasks": [...]}'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import dist_job
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+from trainwright import runtime as runtime_module
+
+SYNCS: list[int] = []
+
+
+def _counting_wrap(original):
+    def wrap(self, model, args=None):
+        wrapped = original(self, model, args)
+        if isinstance(wrapped, torch.nn.parallel.DistributedDataParallel):
+
+            def hook(state, bucket):
+                SYNCS.append(1)
+                return allreduce_hook(state, bucket)
+
+            wrapped.register_comm_hook(None, hook)
+        return wrapped
+
+    return wrap
+
+
+def main(cfg: dict) -> None:
+    torch.set_num_threads(1)
+    runtime_module.Runtime.wrap_model = _counting_wrap(runtime_module.Runtime.wrap_model)
+    rank = int(os.environ.get("RANK", "0"))
+    for task in cfg["tasks"]:
+        SYNCS.clear()
+        dist_job.run_task(task, cfg["out"])
+        with open(os.path.join(cfg["out"], task["name"], f"syncs_{rank}.json"), "w") as f:
+            json.dump(len(SYNCS), f)
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

@@ -1,0 +1,168 @@
+"""`accelerator_config`: upstream's AcceleratorConfig read by attribute and as a dict; the settings
+trainwright honours (non_blocking, gradient_accumulation_kwargs num_steps / sync_each_batch, checked
+with real torchrun processes) and the ones it refuses, each with the key named."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from trainwright import Trainer, TrainingArguments
+from trainwright.accelerator_config import AcceleratorConfig
+from trainwright.runtime import Runtime
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def make(**kw) -> TrainingArguments:
+    kw.setdefault("output_dir", "out")
+    return TrainingArguments(**kw)
+
+
+# ------------------------------------------------------------------------------- reading it
+
+
+def test_read_by_attribute_and_as_a_dict_with_upstream_defaults():
+    cfg = make().accelerator_config
+    assert isinstance(cfg, AcceleratorConfig)
+    assert cfg.split_batches is False and cfg["split_batches"] is False
+    assert cfg.dispatch_batches is None and cfg.even_batches is True and cfg.use_seedable_sampler is True
+    assert cfg.non_blocking is False and cfg.gradient_accumulation_kwargs is None
+    assert cfg.get("even_batches") is True and "non_blocking" in cfg and "bogus" not in cfg
+    assert dict(cfg) == cfg.to_dict() and cfg == {**cfg.to_dict()}
+    assert json.loads(make().to_json_string())["accelerator_config"] == cfg.to_dict()
+
+
+def test_transformers_accelerator_config_and_round_trip():
+    hf = pytest.importorskip("transformers.trainer_pt_utils")
+    a = make(accelerator_config=hf.AcceleratorConfig(non_blocking=True))
+    assert a.accelerator_config.non_blocking is True
+    assert TrainingArguments.from_dict(a.to_dict()).accelerator_config == a.accelerator_config
+
+
+def test_num_steps_sets_gradient_accumulation_steps_as_upstream():
+    a = make(accelerator_config={"gradient_accumulation_kwargs": {"num_steps": 4}})
+    assert a.gradient_accumulation_steps == 4
+    assert TrainingArguments.from_dict(a.to_dict()).gradient_accumulation_steps == 4  # round trip
+    with pytest.raises(ValueError, match="gradient_accumulation_steps.*num_steps=4"):
+        make(
+            gradient_accumulation_steps=2,
+            accelerator_config={"gradient_accumulation_kwargs": {"num_steps": 4}},
+        )
+
+
+@pytest.mark.parametrize(
+    "config, key",
+    [
+        ({"split_batches": True}, "split_batches"),
+        ({"dispatch_batches": True}, "dispatch_batches"),
+        ({"even_batches": False}, "even_batches"),
+        ({"use_seedable_sampler": False}, "use_seedable_sampler"),
+        ({"use_configured_state": True}, "use_configured_state"),
+        ({"non_blocking": "yes"}, "non_blocking"),
+        ({"gradient_accumulation_kwargs": {"adjust_scheduler": False}}, "gradient_accumulation_kwargs"),
+        ({"gradient_accumulation_kwargs": {"sync_with_dataloader": False}}, "gradient_accumulation_kwargs"),
+        ({"gradient_accumulation_kwargs": {"num_steps": 0}}, "gradient_accumulation_kwargs"),
+        ({"gradient_accumulation_kwargs": {"bogus": 1}}, "gradient_accumulation_kwargs"),
+        ({"bogus": 1}, "bogus"),
+    ],
+)
+def test_refused_settings_name_the_key(config, key):
+    with pytest.raises(ValueError, match=f"accelerator_config.*{key}"):
+        make(accelerator_config=config)
+
+
+def test_accepted_values_equal_to_the_defaults():
+    cfg = make(
+        accelerator_config={
+            "split_batches": False,
+            "dispatch_batches": False,
+            "even_batches": True,
+            "use_seedable_sampler": True,
+            "gradient_accumulation_kwargs": {"adjust_scheduler": True, "sync_with_dataloader": True},
+        }
+    ).accelerator_config
+    assert cfg.dispatch_batches is False and cfg.sync_each_batch is False
+
+
+# ------------------------------------------------------------------------------- non_blocking
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 1)
+
+    def forward(self, x, labels=None):
+        return {"logits": self.lin(x)}
+
+
+@pytest.mark.parametrize("non_blocking", [False, True])
+def test_non_blocking_reaches_the_host_to_device_copy(monkeypatch, tmp_path, non_blocking):
+    """On a CUDA device each batch tensor is copied with `non_blocking` as configured (the copy itself
+    is recorded, not made, so this runs without a GPU)."""
+    args = make(output_dir=str(tmp_path), accelerator_config={"non_blocking": non_blocking}, report_to="none")
+    trainer = Trainer(model=_Net(), args=args)
+    trainer.runtime = Runtime(device=torch.device("cuda", 0))
+    calls = []
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **kw: calls.append((a, kw)) or self)
+    trainer._prepare_inputs({"x": torch.ones(2, 2), "labels": [torch.zeros(2)]})
+    assert calls == [((torch.device("cuda", 0),), {"non_blocking": non_blocking})] * 2
+
+
+def test_non_blocking_without_pinned_memory_warns(caplog):
+    with caplog.at_level("WARNING", logger="trainwright"):
+        make(accelerator_config={"non_blocking": True}, dataloader_pin_memory=False)
+    assert "non_blocking=True but dataloader_pin_memory=False" in caplog.text
+
+
+# ------------------------------------------------------------- gradient accumulation, 2 processes
+
+
+def test_sync_each_batch_and_num_steps_with_two_processes(tmp_path):
+    """Two gloo processes, 4 optimizer steps of 2 micro-batches. By default gradients are all-reduced
+    once per step (4 syncs); sync_each_batch=True all-reduces every micro-batch (8) and gives the same
+    weights; num_steps=2 is the same run as gradient_accumulation_steps=2."""
+    from test_distributed import torchrun, weights
+
+    common = {"per_device_train_batch_size": 2, "max_steps": 4}
+    tasks = [
+        {"name": "ga", "args": {**common, "gradient_accumulation_steps": 2}},
+        {
+            "name": "sync_each",
+            "args": {
+                **common,
+                "gradient_accumulation_steps": 2,
+                "accelerator_config": {"gradient_accumulation_kwargs": {"sync_each_batch": True}},
+            },
+        },
+        {
+            "name": "num_steps",
+            "args": {**common, "accelerator_config": {"gradient_accumulation_kwargs": {"num_steps": 2}}},
+        },
+    ]
+    job = os.path.join(HERE, "accelerator_job.py")
+    import test_distributed
+
+    old = test_distributed.JOB
+    test_distributed.JOB = job
+    try:
+        torchrun({"out": str(tmp_path), "tasks": tasks})
+    finally:
+        test_distributed.JOB = old
+
+    def syncs(name):
+        return [json.load(open(tmp_path / name / f"syncs_{r}.json")) for r in range(2)]
+
+    assert syncs("ga") == [4, 4]
+    assert syncs("sync_each") == [8, 8]
+    assert syncs("num_steps") == [4, 4]
+    ga = weights(str(tmp_path / "ga"))
+    for name in ("sync_each", "num_steps"):
+        other = weights(str(tmp_path / name))
+        for k in ga:
+            np.testing.assert_allclose(other[k].numpy(), ga[k].numpy(), atol=2e-6, rtol=1e-5, err_msg=k)
