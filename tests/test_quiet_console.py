@@ -79,3 +79,32 @@ def test_a_run_without_deepspeed_never_imports_it(tmp_path):
             line for line in text.splitlines() if "real_accelerator" in line or "Setting accelerator" in line
         ]
         assert noisy == []
+
+
+def test_overlapping_blocks_in_two_threads_put_accelerate_back_once_all_end():
+    import threading
+
+    import accelerate.utils.other as other
+
+    from trainwright.third_party import deepspeed_left_unimported
+
+    if "deepspeed" in sys.modules:
+        pytest.skip("deepspeed is already imported in this process: the block rightly changes nothing")
+    original = other.is_deepspeed_available
+    inside, leave = threading.Event(), threading.Event()
+
+    def worker():
+        with deepspeed_left_unimported():
+            inside.set()
+            leave.wait(10)
+
+    thread = threading.Thread(target=worker)
+    with deepspeed_left_unimported():
+        thread.start()
+        assert inside.wait(10)
+        assert other.is_deepspeed_available() is False
+    assert other.is_deepspeed_available() is False  # the worker's block is still open
+    leave.set()
+    thread.join()
+    assert other.is_deepspeed_available is original
+    assert "deepspeed" not in sys.modules
