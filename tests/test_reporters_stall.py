@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import statistics
 import threading
@@ -342,3 +343,74 @@ def test_timeout_zero_runs_events_on_the_training_thread(tmp_path, monkeypatch):
     reporter.release.set()
     drive(reporter, make_args(tmp_path), [(1, {"loss": 1.0})])
     assert reporter._worker is None and reporter.rows == [1]
+
+
+# The other services' real clients against a black hole, each in its own process: their stuck
+# start-up (wandb-core, comet's, clearml's and neptune's retries) stays behind in the background,
+# and the process ends with os._exit instead of waiting for it.
+_SERVICE_JOB = r"""
+import base64, json, logging, os, socket, sys, tempfile, threading, time
+
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(64)
+held = []
+threading.Thread(target=lambda: [held.append(srv.accept()[0]) for _ in iter(int, 1)], daemon=True).start()
+url = "http://127.0.0.1:%d" % srv.getsockname()[1]
+which = sys.argv[1]
+if which == "wandb":
+    os.environ.update(WANDB_BASE_URL=url, WANDB_API_KEY="x" * 40, WANDB_DIR=tempfile.mkdtemp(), WANDB_SILENT="true")
+    from trainwright.reporters.wandb import WandbCallback as Callback
+elif which == "comet_ml":
+    os.environ.update(COMET_URL_OVERRIDE=url + "/clientlib/", COMET_API_KEY="x" * 20, COMET_MODE="online")
+    from trainwright.reporters.comet import CometCallback as Callback
+elif which == "clearml":
+    os.environ.update(CLEARML_API_HOST=url, CLEARML_WEB_HOST=url, CLEARML_FILES_HOST=url,
+                      CLEARML_API_ACCESS_KEY="key", CLEARML_API_SECRET_KEY="secret")
+    from trainwright.reporters.clearml import ClearMLCallback as Callback
+elif which == "neptune":
+    token = {"api_address": url, "api_url": url, "api_key": "key"}
+    os.environ.update(NEPTUNE_API_TOKEN=base64.b64encode(json.dumps(token).encode()).decode(),
+                      NEPTUNE_PROJECT="workspace/project")
+    from trainwright.reporters.neptune import NeptuneCallback as Callback
+from reporter_testkit import drive, make_args
+
+logging.basicConfig(level=logging.WARNING, format="LOG %(name)s %(levelname)s %(message)s")
+reporter = Callback()
+start = time.monotonic()
+drive(reporter, make_args(tempfile.mkdtemp()), [(2, {"loss": 1.0}), (4, {"loss": 0.5})])
+print("RESULT", json.dumps({"seconds": time.monotonic() - start, "disabled": reporter.disabled, "url": url}), flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("service", ["wandb", "comet_ml", "clearml", "neptune"])
+def test_other_services_online_against_a_black_hole(service, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip({"comet_ml": "comet_ml"}.get(service, service))
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "COMET_", "CLEARML_", "NEPTUNE_"))
+    }
+    env.update(
+        {TIMEOUT_ENV: str(DEADLINE), "HOME": str(tmp_path), "PYTHONPATH": os.path.dirname(__file__)},
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _SERVICE_JOB, service],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    (result,) = [
+        json.loads(line[len("RESULT ") :]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")
+    ]
+    print(f"\n[{service}] black hole: events took {result['seconds']:.2f} s with {TIMEOUT_ENV}={DEADLINE:g}")
+    assert result["disabled"] and result["seconds"] < DEADLINE + 2.0
+    ours = [line for line in output.splitlines() if line.startswith("LOG trainwright")]
+    assert len(ours) == 1, output[-3000:]
+    assert f"The {service} reporter is disabled" in ours[0] and TIMEOUT_ENV in ours[0]
+    assert "on_train_begin" in ours[0]
+    if service != "neptune":  # neptune's address is inside its token
+        assert result["url"] in ours[0]

@@ -573,6 +573,8 @@ class Reporter(TrainerCallback):
         worker = self._worker
         if worker is None or self.disabled:
             return True
+        if worker.thread is threading.current_thread():  # an event asking for it: it cannot wait on itself
+            return worker.idle()
         limit = self.timeout if timeout is None else timeout
         assert limit is not None
         end = time.monotonic() + limit
