@@ -37,6 +37,15 @@ Environment variables, per reporter (read when the reporter is created; bad valu
   KUBEFLOW_TRAINER_SERVER_CA_CERT, KUBEFLOW_TRAINER_SERVER_TOKEN, DISABLE_KUBEFLOW_INTEGRATION.
 - jsonl / csv (trainwright's own, no package): none; they write output_dir/logs.jsonl or logs.csv.
 
+A slow or dead server never stalls training: a reporter that talks to a server (MLflow with a
+tracking server, DagsHub, W&B, Comet, Neptune, ClearML online, SwanLab, Kubeflow) runs its events on
+its own worker thread, in order, and the training thread only queues them (microseconds).
+TRAINWRIGHT_REPORTER_TIMEOUT (seconds, default 30) bounds each event, starting the run included,
+and the wait for queued events at the end of training (once); past it the reporter is switched off
+with one warning naming it, its server and this variable. 0 runs every reporter on the training
+thread without a deadline (as upstream). File reporters (tensorboard, jsonl, csv, dvclive,
+codecarbon, MLflow's local store) and azure_ml / flyte always run on the training thread.
+
 "all" leaves out, with one info line each saying why: reporters whose package is not installed
 (silently), reporters that would need credentials they do not have (W&B, Comet, Neptune, ClearML
 online without keys, SwanLab in cloud mode without a key), those tied to a platform they are not
