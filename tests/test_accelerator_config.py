@@ -123,7 +123,7 @@ def test_non_blocking_without_pinned_memory_warns(caplog):
 # ------------------------------------------------------------- gradient accumulation, 2 processes
 
 
-def test_sync_each_batch_and_num_steps_with_two_processes(tmp_path):
+def test_sync_each_batch_num_steps_and_eval_use_gather_object_with_two_processes(tmp_path):
     """Two gloo processes, 4 optimizer steps of 2 micro-batches. By default gradients are all-reduced
     once per step (4 syncs); sync_each_batch=True all-reduces every micro-batch (8) and gives the same
     weights; num_steps=2 is the same run as gradient_accumulation_steps=2."""
@@ -131,7 +131,12 @@ def test_sync_each_batch_and_num_steps_with_two_processes(tmp_path):
 
     common = {"per_device_train_batch_size": 2, "max_steps": 4}
     tasks = [
-        {"name": "ga", "args": {**common, "gradient_accumulation_steps": 2}},
+        {"name": "ga", "predict": 13, "args": {**common, "gradient_accumulation_steps": 2}},
+        {
+            "name": "gather_object",
+            "predict": 13,
+            "args": {**common, "gradient_accumulation_steps": 2, "eval_use_gather_object": True},
+        },
         {
             "name": "sync_each",
             "args": {
@@ -161,6 +166,15 @@ def test_sync_each_batch_and_num_steps_with_two_processes(tmp_path):
     assert syncs("ga") == [4, 4]
     assert syncs("sync_each") == [8, 8]
     assert syncs("num_steps") == [4, 4]
+    # eval_use_gather_object: the per-process outputs are gathered as Python objects (trainwright always
+    # does) and come back whole and in dataset order, as without it
+    with (
+        np.load(tmp_path / "ga" / "predictions.npz") as plain,
+        np.load(tmp_path / "gather_object" / "predictions.npz") as obj,
+    ):
+        assert obj["predictions"].shape == (13,)
+        np.testing.assert_allclose(obj["predictions"], plain["predictions"])
+        np.testing.assert_allclose(obj["labels"], plain["labels"])
     ga = weights(str(tmp_path / "ga"))
     for name in ("sync_each", "num_steps"):
         other = weights(str(tmp_path / name))
