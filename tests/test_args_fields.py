@@ -78,6 +78,19 @@ def test_script_only_fields_read_back_and_do_not_change_training(tmp_path):
     assert Trainer(model=Net(), args=args, train_dataset=Data()).train().global_step == 2
 
 
+def test_resume_from_checkpoint_argument_is_what_train_resumes_from(tmp_path):
+    Trainer(
+        model=Net(), args=make_args(tmp_path, save_strategy="steps", save_steps=2), train_dataset=Data()
+    ).train()
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    args = make_args(tmp_path, max_steps=3, resume_from_checkpoint=checkpoint)
+    assert args.resume_from_checkpoint == str(checkpoint)
+    probe = SendSignal(at_step=0)  # records one entry per step run in this train() call
+    trainer = Trainer(model=Net(), args=args, train_dataset=Data(), callbacks=[probe])
+    trainer.train()  # no argument: args.resume_from_checkpoint is used
+    assert len(probe.handlers) == 1 and trainer.state.global_step == 3  # steps 1-2 came from the checkpoint
+
+
 # ------------------------------------------------------------------------- precision and model
 
 
@@ -355,3 +368,38 @@ def test_log_level_sets_trainwright_and_transformers_levels(tmp_path):
     finally:
         hf_logging.set_verbosity(old_hf)
         logging.getLogger("trainwright").setLevel(old_tw)
+
+
+# ------------------------------------------------------------------------------ optimization and console
+
+
+def test_max_grad_norm_clips_the_update(tmp_path):
+    def update(**kw):
+        model = Net()
+        before = model.lin.weight.detach().clone()
+        args = make_args(tmp_path, max_steps=1, optim="sgd", learning_rate=1.0, **kw)
+        Trainer(model=model, args=args, train_dataset=Data()).train()
+        return float((model.lin.weight.detach() - before).norm())
+
+    assert update(max_grad_norm=0) > 0.01  # unclipped: the step of lr x gradient
+    assert update(max_grad_norm=1e-3) <= 1e-3 * 1.0001  # the whole gradient (weight + bias) has norm 1e-3
+
+
+def test_lr_scheduler_kwargs_reach_the_schedule(tmp_path):
+    args = make_args(
+        tmp_path, max_steps=4, lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr": 0.004}
+    )
+    trainer = Trainer(model=Net(), args=args, train_dataset=Data())
+    trainer.train()
+    assert trainer.lr_scheduler.get_last_lr()[0] == pytest.approx(0.004)
+    rows = [r["learning_rate"] for r in trainer.state.log_history if "learning_rate" in r]
+    assert rows[0] == pytest.approx(0.01) and min(rows) > 0.004 - 1e-9
+
+
+@pytest.mark.parametrize("disable", [True, False])
+def test_disable_tqdm_picks_the_printer_or_the_progress_bars(tmp_path, disable):
+    from trainwright.callbacks import PrinterCallback, ProgressCallback
+
+    trainer = Trainer(model=Net(), args=make_args(tmp_path, disable_tqdm=disable))
+    kinds = {type(cb) for cb in trainer.callback_handler.callbacks}
+    assert (PrinterCallback in kinds, ProgressCallback in kinds) == (disable, not disable)
