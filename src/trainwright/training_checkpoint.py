@@ -60,6 +60,8 @@ def resolve_resume_path(trainer: Trainer, resume: str | bool | None) -> str | No
     if os.path.exists(os.path.join(path, ckpt.OPTIMIZER_NAME)):
         if not trainer.args.save_only_model:
             needed += ["optimizer", "scheduler"]
+    elif _engine_optimizer_state(path):
+        pass  # FSDP's DCP folder or DeepSpeed's engine checkpoint holds the optimizer state
     elif not _weights_only_resume(trainer, path):
         raise ValueError(
             f"Can't resume exactly from {path}: it has no {ckpt.OPTIMIZER_NAME}, so the optimizer would start "
@@ -79,6 +81,15 @@ def _saved_args(path: str) -> dict[str, Any]:
     """The checkpoint's training_args.json (empty for a checkpoint without one, e.g. upstream's)."""
     file = os.path.join(path, ckpt.TRAINING_ARGS_NAME)
     return ckpt.read_json(file) if os.path.isfile(file) else {}
+
+
+def _engine_optimizer_state(path: str) -> bool:
+    """Whether the optimizer state is in an engine's own format (DCP folder, DeepSpeed checkpoint)."""
+    from .deepspeed_engine import ENGINE_DIR
+
+    return os.path.isdir(os.path.join(path, fsdp.OPTIMIZER_DIR)) or os.path.isdir(
+        os.path.join(path, ENGINE_DIR)
+    )
 
 
 def _weights_only_resume(trainer: Trainer, path: str) -> bool:
