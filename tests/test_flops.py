@@ -438,3 +438,12 @@ def test_compiled_models_are_counted_on_the_eager_copy():
     assert estimator(_mlp_batch(4)) == eager
     assert count_flops(compiled, _mlp_batch(4)) == eager
     assert calls == [] and compiles == []  # neither the real model nor dynamo ran
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the loop's CPU batch against a CUDA model")
+def test_cpu_batch_counts_on_a_cuda_model():
+    model = tiny_gpt2()
+    batch = {"input_ids": torch.randint(0, 64, (2, 16)), "labels": torch.randint(0, 64, (2, 16))}
+    on_cpu = flops.count_flops(model, batch)
+    assert on_cpu > 0
+    assert flops.count_flops(model.cuda(), batch) == on_cpu

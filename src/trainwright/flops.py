@@ -314,7 +314,17 @@ class _FakeStepCounter:
             self._build()
         assert self._copy is not None
         mode = self._mode
-        fake_batch = pytree.tree_map_only(torch.Tensor, mode.from_tensor, dict(batch))
+        device = _model_device(self._model)
+
+        def fake_input(t: torch.Tensor) -> torch.Tensor:
+            # batches are counted on the CPU copy the loop holds; the model may live on an accelerator
+            f = mode.from_tensor(t)
+            if device is not None and f.device != device:
+                with mode:
+                    f = f.to(device)
+            return f
+
+        fake_batch = pytree.tree_map_only(torch.Tensor, fake_input, dict(batch))
         try:
             counter = FlopCounterMode(display=False, custom_mapping=_cpu_attention_formulas())
             with mode, counter, torch.enable_grad():
@@ -326,6 +336,13 @@ class _FakeStepCounter:
             for p in self._copy.parameters():
                 p.grad = None
         return int(counter.get_total_flops())
+
+
+def _model_device(model: torch.nn.Module) -> torch.device | None:
+    """The device of the model's first parameter (None for a model without parameters)."""
+    for p in model.parameters():
+        return p.device
+    return None
 
 
 def count_flops(
