@@ -1,6 +1,6 @@
 """dist_job.py's tasks with every gradient all-reduce counted (a DDP comm hook), for the
 accelerator_config tests: each rank writes DIR/<task>/syncs_<rank>.json with the number of
-gradient buckets it all-reduced during training.
+gradient buckets it all-reduced during training, and ddp_<rank>.json with the DDP wrapper's settings.
 
     python -m torch.distributed.run --nproc_per_node=2 accelerator_job.py '{"out": DIR, "tasks": [...]}'
 """
@@ -18,6 +18,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from trainwright import runtime as runtime_module
 
 SYNCS: list[int] = []
+DDP: dict = {}
 
 
 def _counting_wrap(original):
@@ -30,6 +31,7 @@ def _counting_wrap(original):
                 return allreduce_hook(state, bucket)
 
             wrapped.register_comm_hook(None, hook)
+            DDP["find_unused_parameters"] = wrapped.find_unused_parameters
         return wrapped
 
     return wrap
@@ -41,9 +43,12 @@ def main(cfg: dict) -> None:
     rank = int(os.environ.get("RANK", "0"))
     for task in cfg["tasks"]:
         SYNCS.clear()
+        DDP.clear()
         dist_job.run_task(task, cfg["out"])
         with open(os.path.join(cfg["out"], task["name"], f"syncs_{rank}.json"), "w") as f:
             json.dump(len(SYNCS), f)
+        with open(os.path.join(cfg["out"], task["name"], f"ddp_{rank}.json"), "w") as f:
+            json.dump(DDP, f)
 
 
 if __name__ == "__main__":

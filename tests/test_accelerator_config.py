@@ -123,7 +123,7 @@ def test_non_blocking_without_pinned_memory_warns(caplog):
 # ------------------------------------------------------------- gradient accumulation, 2 processes
 
 
-def test_sync_each_batch_num_steps_and_eval_use_gather_object_with_two_processes(tmp_path):
+def test_sync_each_batch_num_steps_eval_use_gather_object_find_unused_with_two_processes(tmp_path):
     """Two gloo processes, 4 optimizer steps of 2 micro-batches. By default gradients are all-reduced
     once per step (4 syncs); sync_each_batch=True all-reduces every micro-batch (8) and gives the same
     weights; num_steps=2 is the same run as gradient_accumulation_steps=2."""
@@ -145,6 +145,7 @@ def test_sync_each_batch_num_steps_and_eval_use_gather_object_with_two_processes
                 "accelerator_config": {"gradient_accumulation_kwargs": {"sync_each_batch": True}},
             },
         },
+        {"name": "find_unused", "args": {**common, "ddp_find_unused_parameters": True}},
         {
             "name": "num_steps",
             "args": {**common, "accelerator_config": {"gradient_accumulation_kwargs": {"num_steps": 2}}},
@@ -166,6 +167,12 @@ def test_sync_each_batch_num_steps_and_eval_use_gather_object_with_two_processes
     assert syncs("ga") == [4, 4]
     assert syncs("sync_each") == [8, 8]
     assert syncs("num_steps") == [4, 4]
+    # ddp_find_unused_parameters reaches the DDP wrapper (False when not given, as DDP's default)
+    ddp = [
+        json.load(open(tmp_path / name / "ddp_0.json"))["find_unused_parameters"]
+        for name in ("ga", "find_unused")
+    ]
+    assert ddp == [False, True]
     # eval_use_gather_object: the per-process outputs are gathered as Python objects (trainwright always
     # does) and come back whole and in dataset order, as without it
     with (

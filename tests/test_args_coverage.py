@@ -101,7 +101,7 @@ BEHAVIOUR_TESTS: dict[str, str] = {
     "prediction_loss_only": "tests/test_trainer_eval.py::test_eval_during_training_and_prediction_loss_only",
     "eval_do_concat_batches": f"{_FIELDS}::test_eval_do_concat_batches_false_returns_the_batches",
     "eval_use_gather_object": "tests/test_accelerator_config.py::"
-    "test_sync_each_batch_num_steps_and_eval_use_gather_object_with_two_processes",
+    "test_sync_each_batch_num_steps_eval_use_gather_object_find_unused_with_two_processes",
     "include_for_metrics": f"{_FIELDS}::test_include_for_metrics_passes_inputs_and_losses_to_compute_metrics",
     "batch_eval_metrics": "tests/test_trainer_eval.py::test_preprocess_logits_and_batch_eval_metrics",
     "label_names": "tests/test_trainer_eval.py::test_predict_outputs_and_labels",
@@ -146,11 +146,13 @@ BEHAVIOUR_TESTS: dict[str, str] = {
     "ddp_bucket_cap_mb": f"{_DIST}::test_ddp_arguments_reach_distributed_data_parallel",
     "ddp_broadcast_buffers": f"{_DIST}::test_ddp_arguments_reach_distributed_data_parallel",
     "ddp_static_graph": f"{_DIST}::test_ddp_arguments_reach_distributed_data_parallel",
+    "ddp_find_unused_parameters": "tests/test_accelerator_config.py::"
+    "test_sync_each_batch_num_steps_eval_use_gather_object_find_unused_with_two_processes",
     "fsdp": f"{_DIST}::test_fsdp_full_shard_auto_wrap_matches_ddp_and_one_process",
     "fsdp_config": f"{_DIST}::test_fsdp_full_shard_auto_wrap_matches_ddp_and_one_process",
     "deepspeed": "tests/test_deepspeed.py::test_one_process_without_a_launcher",
     "accelerator_config": "tests/test_accelerator_config.py::"
-    "test_sync_each_batch_num_steps_and_eval_use_gather_object_with_two_processes",
+    "test_sync_each_batch_num_steps_eval_use_gather_object_find_unused_with_two_processes",
     "debug": f"{_LOOP}::test_underflow_overflow_reports_the_first_module_with_inf",
     # Hub
     "push_to_hub": f"{_HUB}::test_repo_created_at_construction",
@@ -199,6 +201,11 @@ REFUSED: dict[str, object] = {
     "parallelism_config": {"dp_shard_size": 2},
     "sharded_ddp": "zero_dp_2",
     "project": "my-project",
+    "trackio_space_id": "user/space",
+    "trackio_bucket_id": "user/bucket",
+    "trackio_static_space_id": "user/static-space",
+    "ray_scope": "all",
+    "sortish_sampler": True,
 }
 
 

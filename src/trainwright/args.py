@@ -340,10 +340,10 @@ class TrainingArguments:
     skip_memory_metrics: bool = _arg(True, "Skip the *_mem_* memory metrics.")
     report_to: list[str] | str | None = _arg("none", 'Reporters: names, "all" or "none".')
     run_name: str | None = _arg(None, "Run name shown by reporters.")
-    project: str = _arg("huggingface", "Project name for reporters that group runs.")
-    trackio_space_id: str | None = _arg(None, "Trackio Space id (accepted; nothing is deployed).")
-    trackio_bucket_id: str | None = _arg(None, "Trackio bucket id (accepted; nothing is uploaded).")
-    trackio_static_space_id: str | bool | None = _arg(None, "Trackio static Space id (accepted).")
+    project: str = _arg("huggingface", "Trackio project (refused: no trackio reporter).")
+    trackio_space_id: str | None = _arg(None, "Trackio Space id (refused: no trackio reporter).")
+    trackio_bucket_id: str | None = _arg(None, "Trackio bucket id (refused: no trackio reporter).")
+    trackio_static_space_id: str | bool | None = _arg(None, "Trackio static Space id (refused).")
 
     # -- evaluation ------------------------------------------------------------------------------------
     eval_strategy: IntervalStrategy | str = _arg("no", "When to evaluate: no, steps or epoch.")
@@ -457,7 +457,7 @@ class TrainingArguments:
     fsdp_transformer_layer_cls_to_wrap: str | None = _arg(
         None, 'Old: fsdp_config["transformer_layer_cls_to_wrap"].'
     )
-    ray_scope: str | None = _arg("last", "Ray Tune scope for hyperparameter search.")
+    ray_scope: str | None = _arg("last", "Ray Tune scope (refused: hyperparameter search uses optuna).")
     sharded_ddp: list[str] | str | None = _arg(
         "", "FairScale sharded DDP (transformers < 4.35): refused, use fsdp."
     )
@@ -945,6 +945,21 @@ class TrainingArguments:
                 "upstream only the trackio reporter reads it, and trainwright has no trackio reporter; "
                 "name the project through the reporter's own setting (WANDB_PROJECT, COMET_PROJECT_NAME, ...)",
             )
+        for name, accepted in (
+            ("trackio_space_id", (None, "trackio")),  # "trackio": v4's default, in v4 training_args.json
+            ("trackio_bucket_id", (None,)),
+            ("trackio_static_space_id", (None, False)),
+        ):
+            if getattr(self, name) not in accepted:
+                raise self._invalid(
+                    name,
+                    "only the trackio reporter reads it upstream, and trainwright has no trackio reporter",
+                )
+        if self.ray_scope not in ("last", None):
+            raise self._invalid(
+                "ray_scope",
+                "only hyperparameter_search's Ray Tune backend reads it, and trainwright provides optuna only",
+            )
 
     # -- reporting, output and signals -----------------------------------------------------------
 
@@ -1181,7 +1196,7 @@ _FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainingArgumen
 class Seq2SeqTrainingArguments(TrainingArguments):
     """`TrainingArguments` plus the generation settings of `Seq2SeqTrainer`."""
 
-    sortish_sampler: bool = _arg(False, "Sort-ish sampling by length (accepted for compatibility).")
+    sortish_sampler: bool = _arg(False, "Refused: upstream ignores it; use train_sampling_strategy.")
     predict_with_generate: bool = _arg(
         False, "Use generate() in evaluate/predict to compute generative metrics."
     )
@@ -1197,6 +1212,12 @@ class Seq2SeqTrainingArguments(TrainingArguments):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.sortish_sampler:
+            raise self._invalid(
+                "sortish_sampler",
+                "upstream's Seq2SeqTrainer does not read it either (it belonged to the old Seq2SeqDataset "
+                'examples); for batches of similar lengths use train_sampling_strategy="group_by_length"',
+            )
         self._check_int("generation_max_length", 1, optional=True)
         self._check_int("generation_num_beams", 1, optional=True)
         if isinstance(self.generation_config, os.PathLike):
