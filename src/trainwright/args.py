@@ -81,7 +81,8 @@ V4_V5_CHOICES: dict[str, str] = {
     "save_safetensors": "Always True: weights are always written as safetensors (nothing is pickled). "
     "False is ignored with a warning.",
     "run_name": "Default None (v5); v4 documented output_dir as the default.",
-    "trackio_space_id": 'Default None (v5) rather than "trackio" (v4): nothing is deployed to the Hub.',
+    "trackio_space_id": 'Default None (v5); v4\'s default "trackio" is read (v4 training_args.json files) but any '
+    "other value is refused, like project and the other trackio_* fields: trainwright has no trackio reporter.",
     "accelerator_config": "An AcceleratorConfig (accelerator_config.py), read by attribute or as a dict; a dict, "
     "JSON string, JSON file path or transformers' AcceleratorConfig is read; unknown keys are an error. "
     "non_blocking and gradient_accumulation_kwargs (num_steps, sync_each_batch) are honoured; split_batches, "
