@@ -187,3 +187,24 @@ def test_sync_each_batch_num_steps_eval_use_gather_object_find_unused_with_two_p
         other = weights(str(tmp_path / name))
         for k in ga:
             np.testing.assert_allclose(other[k].numpy(), ga[k].numpy(), atol=2e-6, rtol=1e-5, err_msg=k)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: copies to the CPU are not made")
+def test_non_blocking_training_on_cuda_matches_blocking_copies(tmp_path):
+    from test_args_fields import Data, Net, make_args
+
+    weights = []
+    for non_blocking in (False, True):
+        model = Net()
+        args = make_args(
+            tmp_path / str(non_blocking),
+            use_cpu=False,
+            max_steps=4,
+            dataloader_pin_memory=True,
+            accelerator_config={"non_blocking": non_blocking},
+        )
+        trainer = Trainer(model=model, args=args, train_dataset=Data(32))
+        assert trainer.runtime.device.type == "cuda"
+        trainer.train()
+        weights.append(model.lin.weight.detach().cpu())
+    torch.testing.assert_close(weights[0], weights[1])
