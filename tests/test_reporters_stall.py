@@ -254,11 +254,13 @@ class BlockedReporter(Reporter):
     def __init__(self) -> None:
         super().__init__()
         self.release = threading.Event()
+        self.delay = 0.0  # seconds each on_log takes once released
         self.rows: list[int] = []
         self.steps = 0
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         self.release.wait()
+        time.sleep(self.delay)
         self.rows.append(state.global_step)
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -279,6 +281,7 @@ def test_queueing_costs_microseconds_per_event_and_keeps_order(tmp_path, monkeyp
     from trainwright.state import TrainerControl
 
     handler, control = handler_for([reporter]), TrainerControl()
+    handler.on_train_begin(args, state, control)
     log_costs, step_costs = [], []
     for step in range(1, 2001):
         state.global_step = step
@@ -317,7 +320,9 @@ def test_a_stuck_worker_is_switched_off_at_the_next_event_past_the_deadline(tmp_
     assert time.monotonic() - start < 0.5  # switched off when the event came, nothing waited
     messages = [r.getMessage() for r in caplog.records if "blocked reporter is disabled" in r.getMessage()]
     assert (
-        len(messages) == 1 and "did not answer the first call" in messages[0] and TIMEOUT_ENV in messages[0]
+        len(messages) == 1
+        and "did not answer on_log within 0.5 s" in messages[0]
+        and TIMEOUT_ENV in messages[0]
     )
     reporter.release.set()
     reporter._worker.thread.join(timeout=10)
@@ -391,8 +396,12 @@ def test_other_services_online_against_a_black_hole(service, tmp_path):
     import sys
 
     pytest.importorskip({"comet_ml": "comet_ml"}.get(service, service))
+    # the parent's settings for these services are not the test's (clearml's in-process offline mode
+    # also exports TRAINS_OFFLINE_MODE, which an earlier test leaves behind)
     env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "COMET_", "CLEARML_", "NEPTUNE_"))
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("WANDB_", "COMET_", "CLEARML_", "TRAINS_", "NEPTUNE_"))
     }
     env.update(
         {TIMEOUT_ENV: str(DEADLINE), "HOME": str(tmp_path), "PYTHONPATH": os.path.dirname(__file__)},
@@ -407,10 +416,31 @@ def test_other_services_online_against_a_black_hole(service, tmp_path):
         json.loads(line[len("RESULT ") :]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")
     ]
     print(f"\n[{service}] black hole: events took {result['seconds']:.2f} s with {TIMEOUT_ENV}={DEADLINE:g}")
-    assert result["disabled"] and result["seconds"] < DEADLINE + 2.0
+    assert result["disabled"], output[-3000:]
+    assert result["seconds"] < DEADLINE + 2.0, output[-3000:]
     ours = [line for line in output.splitlines() if line.startswith("LOG trainwright")]
     assert len(ours) == 1, output[-3000:]
     assert f"The {service} reporter is disabled" in ours[0] and TIMEOUT_ENV in ours[0]
     assert "on_train_begin" in ours[0]
     if service != "neptune":  # neptune's address is inside its token
         assert result["url"] in ours[0]
+
+
+def test_events_outside_training_are_delivered_before_the_call_returns(tmp_path, monkeypatch):
+    """evaluate()/predict() outside train(): each event is waited for (bounded by the deadline), so
+    a user's `wandb.finish()` right after `trainer.evaluate()` does not race the worker."""
+    monkeypatch.setenv(TIMEOUT_ENV, "10")
+    reporter = BlockedReporter()
+    reporter.release.set()
+    reporter.delay = 0.3
+    args = make_args(tmp_path)
+    from reporter_testkit import handler_for
+
+    from trainwright.state import TrainerControl
+
+    handler, control = handler_for([reporter]), TrainerControl()
+    drive(reporter, args, [(1, {"loss": 1.0})])  # a training run: its rows are flushed at train_end
+    assert reporter.rows == [1]
+    handler.on_log(args, make_state(global_step=1), control, logs={"eval_loss": 0.5})  # evaluate() after
+    assert reporter.rows == [1, 1]
+    assert reporter._worker is not None and not reporter.disabled

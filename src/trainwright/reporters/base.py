@@ -259,6 +259,10 @@ def _guard(event: str, method: Callable) -> Callable:
         state = args[1] if len(args) > 1 else kwargs.get("state")
         if state is not None and not self._is_reporting_process(state):
             return None
+        if event == "on_train_begin":
+            self._in_train = True
+        elif event == "on_train_end":
+            self._in_train = False
         if self._uses_worker():
             self._queue_event(event, method, args, kwargs)
             return None
@@ -428,7 +432,9 @@ class Reporter(TrainerCallback):
     which starts the run, included) within `TRAINWRIGHT_REPORTER_TIMEOUT` seconds (default 30), or
     more than `MAX_PENDING_EVENTS` events wait, the reporter is switched off with one warning
     naming it, the server and that setting; at `on_train_end` (and at process exit) the training
-    thread waits for the queued events at most that long, once. `TRAINWRIGHT_REPORTER_TIMEOUT=0`
+    thread waits for the queued events at most that long, once; outside training (a standalone
+    `evaluate()`/`predict()`) it waits so for each event, so that the event has been delivered when
+    the call returns (e.g. before the user's `wandb.finish()`). `TRAINWRIGHT_REPORTER_TIMEOUT=0`
     runs every event on the training thread, unbounded, as before. Events on the worker see a
     copy of `state` (its `log_history` as it was) and of `control`; what they return is ignored,
     so a reporter cannot steer training. `_on_training_thread(event)` is called on the training
@@ -456,6 +462,7 @@ class Reporter(TrainerCallback):
         self._worker: _EventWorker | None = None
         self._worker_decided = False
         self._address: str | None = None
+        self._in_train = False  # between on_train_begin and on_train_end
 
     # -- availability (used by the registry) -------------------------------------------------
     @classmethod
@@ -545,7 +552,7 @@ class Reporter(TrainerCallback):
             )
             return
         _workers_to_flush.add(self)
-        if event == "on_train_end":
+        if not self._in_train:  # the end of training, or evaluate()/predict() outside it: deliver now
             self.flush()
 
     def _check_stuck(self, worker: _EventWorker, now: float) -> bool:
@@ -636,3 +643,17 @@ class Reporter(TrainerCallback):
                 key,
                 type(value).__name__,
             )
+
+
+# Every reporter sees the start and end of training (a subclass that defines them is wrapped by
+# __init_subclass__; these keep `_in_train` right for one that does not).
+def _train_begin(self: Reporter, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    """Nothing to report; marks the start of training."""
+
+
+def _train_end(self: Reporter, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    """Nothing to report; marks the end of training (queued events are waited for)."""
+
+
+Reporter.on_train_begin = _guard("on_train_begin", _train_begin)  # type: ignore[method-assign]
+Reporter.on_train_end = _guard("on_train_end", _train_end)  # type: ignore[method-assign]
