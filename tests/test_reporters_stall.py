@@ -444,3 +444,30 @@ def test_events_outside_training_are_delivered_before_the_call_returns(tmp_path,
     handler.on_log(args, make_state(global_step=1), control, logs={"eval_loss": 0.5})  # evaluate() after
     assert reporter.rows == [1, 1]
     assert reporter._worker is not None and not reporter.disabled
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_worker_sees_the_training_threads_active_run(nested, tmp_path, monkeypatch):
+    """mlflow keeps the active run per thread: the worker must join (or nest under) the run that is
+    active on the training thread, not start an unrelated one."""
+    uri = (tmp_path / "mlruns").resolve().as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    if nested:
+        monkeypatch.setenv("MLFLOW_NESTED_RUN", "true")
+    reporter = WorkerMLflow()
+    with mlflow.start_run(run_name="outer") as outer:
+        drive(reporter, make_args(tmp_path, run_name="inner"), [(2, {"loss": 1.5}), (4, {"loss": 1.0})])
+        assert reporter._worker is not None and not reporter.disabled
+        assert mlflow.active_run().info.run_id == outer.info.run_id  # the training thread's run untouched
+    client = MlflowClient(uri)
+    runs = {r.info.run_name: r for r in client.search_runs(["0"])}
+    if nested:
+        assert set(runs) == {"outer", "inner"}
+        inner = runs["inner"]
+        assert inner.data.tags["mlflow.parentRunId"] == outer.info.run_id
+        assert inner.info.status == "FINISHED"
+        assert _history(client, inner.info.run_id, "loss") == [(2, 1.5), (4, 1.0)]
+    else:
+        assert set(runs) == {"outer"}
+        assert _history(client, outer.info.run_id, "loss") == [(2, 1.5), (4, 1.0)]
