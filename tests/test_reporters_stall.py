@@ -173,7 +173,7 @@ def test_dead_tracking_server_delays_training_by_the_deadline_once(server, tmp_p
         )
         assert trainer.state.global_step == 8
         # The steps never waited for the server, the end waited for it once, at most the deadline.
-        assert max(gaps) < DEADLINE / 2
+        assert max(gaps) < DEADLINE - 0.5  # the old code held the first step for minutes
         assert end_wait < DEADLINE + 2.0
         assert elapsed < 30.0
         assert reporter.disabled
