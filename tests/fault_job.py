@@ -102,7 +102,7 @@ def main(cfg: dict) -> None:
         report_to="none",
         disable_tqdm=True,
         use_cpu=True,
-        preemption_signals=["SIGTERM", "SIGUSR1", "SIGINT"],  # named: the default is none (v5)
+        preemption_signals=["SIGTERM", "SIGUSR1", "SIGINT"],  # named explicitly (also the default)
     )
     SlowSaveTrainer.save_sleep = cfg.get("save_sleep", 0.0)
     trainer = SlowSaveTrainer(

@@ -75,7 +75,7 @@ def main(cfg: dict) -> None:
         use_cpu=True,
         seed=cfg.get("seed", 7),
         per_device_eval_batch_size=8,
-        preemption_signals=["SIGTERM", "SIGUSR1", "SIGINT"],  # named: the default is none (v5)
+        preemption_signals=["SIGTERM", "SIGUSR1", "SIGINT"],  # named explicitly (also the default)
     )
     callbacks = [SlowDown()] if cfg.get("announce") else []
     if cfg.get("early_stopping"):

@@ -67,7 +67,8 @@ def test_defaults(tmp_path, monkeypatch):
     assert a.ddp_timeout == 1800 and a.skip_memory_metrics is True
     assert a.average_tokens_across_devices is True and a.use_cache is False
     assert a.include_num_input_tokens_seen == "no"
-    assert a.preemption_signals == [] and a.enable_jit_checkpoint is False  # v5: no signal checkpoint
+    # trainwright keeps its save-on-preemption guarantee unless enable_jit_checkpoint=False is said
+    assert a.preemption_signals == ["SIGTERM", "SIGUSR1", "SIGINT"] and a.enable_jit_checkpoint is None
     assert a.save_max_shard_size == "5GB"
     assert a.activation_checkpointing is False and a.gradient_checkpointing is False
     assert a.debug == [] and a.fsdp == [] and a.fsdp_config == {}

@@ -96,9 +96,9 @@ V4_V5_CHOICES: dict[str, str] = {
     "initialises the device inside TrainingArguments); runtime.bf16_supported() answers it.",
     "half_precision_backend": 'Accepted (v4); trainwright always uses torch.amp, so values other than "auto" '
     "warn and change nothing. fp16_backend (older v4) maps onto it.",
-    "enable_jit_checkpoint": "v5: True saves a checkpoint at the end of the step on SIGTERM and stops. "
-    "preemption_signals (trainwright) names the signals explicitly and then wins; when it is not given, "
-    'the signals are ["SIGTERM"] with enable_jit_checkpoint=True and none with False (the default).',
+    "enable_jit_checkpoint": "v5 (default False there: no signal checkpoint). trainwright keeps its "
+    "guarantee by default: not set (None), training saves and stops on SIGTERM, SIGUSR1 and SIGINT; "
+    "True does the same; an explicit False turns it off. preemption_signals names the signals and then wins.",
     "evaluation_strategy": "Old name of eval_strategy (v4 < 4.46): maps onto it with a warning.",
     "per_gpu_train_batch_size": "Old name (v4): maps onto per_device_train_batch_size with a warning "
     "(likewise per_gpu_eval_batch_size).",
@@ -227,6 +227,7 @@ _DICT_FIELDS = (
     "liger_kernel_config",
 )
 # Dict fields where a string that is not JSON names a file: read here, or (deepspeed) kept as a path.
+_DEFAULT_PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 _DICT_FILE_FIELDS = ("fsdp_config", "accelerator_config", "deepspeed")
 # v4 options that trainwright accepts but does not act on: name -> (v4 default, why).
 _NO_EFFECT = {
@@ -373,11 +374,13 @@ class TrainingArguments:
     save_max_shard_size: str = _arg("5GB", "Largest safetensors shard, e.g. '5GB', '500MiB'.")
     preemption_signals: list[str] = _arg(
         None,
-        "Signals on which training saves a checkpoint and stops (default: SIGTERM with enable_jit_checkpoint, "
-        "else none; [] turns it off).",
+        "Signals on which training saves a checkpoint and stops (default: SIGTERM, SIGUSR1 and SIGINT, "
+        "unless enable_jit_checkpoint=False; [] turns it off).",
     )
-    enable_jit_checkpoint: bool = _arg(
-        False, "v5: on SIGTERM, save a checkpoint at the end of the step and stop (see preemption_signals)."
+    enable_jit_checkpoint: bool | None = _arg(
+        None,
+        "v5: save a checkpoint at the end of the step on a preemption signal and stop. Not set: on "
+        "(trainwright's default signals); False: off, unless preemption_signals names signals.",
     )
     restore_callback_states_from_checkpoint: bool = _arg(False, "Restore stateful callbacks on resume.")
     load_best_model_at_end: bool = _arg(False, "Load the best checkpoint when training ends.")
@@ -979,8 +982,9 @@ class TrainingArguments:
             parse_size(self.save_max_shard_size)  # the parser the checkpoint writer uses
         except ValueError as e:
             raise self._invalid("save_max_shard_size", str(e)) from None
-        if self.preemption_signals is None:  # not given: v5's enable_jit_checkpoint decides
-            self.preemption_signals = ["SIGTERM"] if self.enable_jit_checkpoint else []
+        if self.preemption_signals is None:  # not given: an explicit enable_jit_checkpoint=False turns it off
+            off = self.enable_jit_checkpoint is False
+            self.preemption_signals = [] if off else list(_DEFAULT_PREEMPTION_SIGNALS)
         self.preemption_signals = self._normalise_signals(self.preemption_signals)
 
     @staticmethod
