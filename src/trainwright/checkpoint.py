@@ -435,10 +435,15 @@ def _commit(output_dir: str, tmp: str, final: str, name: str) -> None:
             files[os.path.relpath(full, tmp).replace(os.sep, "/")] = os.path.getsize(full)
     files.pop(CHECKPOINT_COMPLETE_NAME, None)
     paths = [os.path.join(tmp, rel) for rel in files]
+
+    def flush_all() -> None:
+        for p in paths:
+            fsync_file(p)
+
     # The data files are flushed on a second thread while this one checksums them from the page
     # cache: fsync waits on the disk without the GIL, so the checksums cost almost no extra time.
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        flushed = pool.submit(lambda: [fsync_file(p) for p in paths])
+        flushed = pool.submit(flush_all)
         checksums = {rel: file_checksum(p) for rel, p in zip(files, paths)}
         flushed.result()
     manifest = {
@@ -488,6 +493,7 @@ def _newest_file(folder: str | None) -> str | None:
 
 def _failure(output_dir: str, name: str, exc: BaseException, tmp: str | None = None) -> str:
     """`could not write checkpoint 'checkpoint-N' in DIR: CAUSE (FILE)`; call it before `tmp` is removed."""
+    where: str | None
     if isinstance(exc, CheckpointWriteError):  # trainwright's writers name the file
         cause, full = exc.cause, exc.disk_full
         where = f"while writing {os.path.relpath(exc.path, tmp) if tmp else exc.path}"

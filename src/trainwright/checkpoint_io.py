@@ -44,11 +44,14 @@ import warnings
 import zipfile
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard, cast
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 PREFIX_CHECKPOINT_DIR = "checkpoint"
 WEIGHTS_NAME = "model.safetensors"
@@ -378,12 +381,12 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
         if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
             model = model.module
         elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
-            model = model._orig_mod
+            model = cast(torch.nn.Module, model._orig_mod)  # checked just above
         else:
             return model
 
 
-def _is_pretrained_model(model: torch.nn.Module) -> bool:
+def _is_pretrained_model(model: torch.nn.Module) -> TypeGuard[PreTrainedModel]:
     # An instance of a transformers class implies transformers is imported; never import it ourselves.
     transformers = sys.modules.get("transformers")
     return transformers is not None and isinstance(model, transformers.PreTrainedModel)

@@ -23,7 +23,7 @@ def empty_device_cache(device: torch.device, collect_garbage: bool = False) -> N
         if hasattr(torch.mps, "clear_graph_cache"):  # cached MPS graphs hold memory too (as upstream)
             torch.mps.clear_graph_cache()
     elif kind == "npu":  # torch_npu registers torch.npu
-        torch.npu.empty_cache()
+        torch.npu.empty_cache()  # type: ignore[attr-defined]  # added at runtime by torch_npu; not in torch's stubs
 
 
 class EmptyCacheEvery:

@@ -30,7 +30,7 @@ import copy
 import logging
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils import _pytree as pytree
@@ -285,7 +285,7 @@ class _FakeStepCounter:
 
         def fake(t: torch.Tensor) -> torch.Tensor:
             if id(t) not in memo:
-                f = mode.from_tensor(t)
+                f: torch.Tensor = mode.from_tensor(t)
                 if isinstance(t, torch.nn.Parameter):
                     f = torch.nn.Parameter(f, requires_grad=t.requires_grad)
                 memo[id(t)] = f
@@ -425,7 +425,7 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
         elif type(model).__name__ == "OptimizedModule" and isinstance(
             getattr(model, "_orig_mod", None), torch.nn.Module
         ):
-            model = model._orig_mod
+            model = cast(torch.nn.Module, model._orig_mod)  # checked just above
         else:
             return model
 

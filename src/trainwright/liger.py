@@ -44,12 +44,15 @@ def apply(model: nn.Module, config: dict[str, Any] | None, device: torch.device)
             "use_liger_kernel=True: Liger's kernels are Triton GPU kernels and this run trains on the CPU. "
             "Train on a GPU, or set use_liger_kernel=False."
         )
-    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    get_base_model = getattr(model, "get_base_model", None)
+    base = get_base_model() if callable(get_base_model) else model
     try:
         from transformers import PreTrainedModel
     except ImportError:
-        PreTrainedModel = None  # noqa: N806
-    if PreTrainedModel is None or not isinstance(base, PreTrainedModel):
+        is_pretrained = False
+    else:
+        is_pretrained = isinstance(base, PreTrainedModel)
+    if not is_pretrained:
         raise ValueError(
             f"use_liger_kernel=True: {type(base).__name__} is not a transformers PreTrainedModel; Liger patches "
             "transformers models by their config's model_type. Set use_liger_kernel=False."

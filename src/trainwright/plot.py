@@ -19,7 +19,7 @@ import json
 import math
 import numbers
 import os
-from typing import Any
+from typing import Any, TypeGuard
 
 STATE_FILE = "trainer_state.json"
 # Keys that describe the run (timing, memory, counters) rather than the model's quality.
@@ -133,7 +133,7 @@ def _series(history: list[dict[str, Any]], key: str) -> Series:
     return steps, values
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[numbers.Real]:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 

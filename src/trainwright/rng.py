@@ -31,7 +31,9 @@ RNG_FORMAT = "trainwright-rng-1"
 def capture_rng_state() -> dict[str, Any]:
     """This process's RNG state in a weights-only-safe dict."""
     version, internal, gauss_next = random.getstate()
-    bit_generator, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    numpy_state = np.random.get_state(legacy=True)
+    assert isinstance(numpy_state, tuple)  # legacy=True and the global RandomState is an MT19937
+    bit_generator, keys, pos, has_gauss, cached_gaussian = numpy_state
     state: dict[str, Any] = {
         "format": RNG_FORMAT,
         "python": {
@@ -110,7 +112,7 @@ def _numpy_array_globals() -> list[Any]:
     try:
         from numpy._core.multiarray import _reconstruct
     except ImportError:  # numpy < 2
-        from numpy.core.multiarray import _reconstruct
+        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]  # same function, numpy 1 path
     return [
         (_reconstruct, "numpy._core.multiarray._reconstruct"),
         (_reconstruct, "numpy.core.multiarray._reconstruct"),

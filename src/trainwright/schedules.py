@@ -40,7 +40,7 @@ class _PutsLearningRateBack:
     """
 
     optimizer: Optimizer
-    _last_lr: list[float]
+    _last_lr: list[float | torch.Tensor]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)  # type: ignore[misc]
@@ -99,7 +99,10 @@ def _min_lr_rate(
             f"lr scheduler {schedule!r} needs exactly one of min_lr or min_lr_rate "
             f"(lr_scheduler_kwargs); got min_lr={min_lr!r}, min_lr_rate={min_lr_rate!r}"
         )
-    return float(min_lr_rate) if min_lr is None else min_lr / optimizer.defaults["lr"]
+    if min_lr is not None:
+        return min_lr / optimizer.defaults["lr"]
+    assert min_lr_rate is not None  # exactly one of the two is set (checked above)
+    return float(min_lr_rate)
 
 
 def _bind(target: Callable[..., Any], schedule: str, *args: Any, **kwargs: Any) -> None:

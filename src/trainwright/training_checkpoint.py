@@ -29,12 +29,24 @@ _POSITION_ARGS = ("per_device_train_batch_size", "gradient_accumulation_steps")
 
 
 def run_dir(trainer: Trainer) -> str:
+    output_dir = trainer.args.output_dir
+    assert output_dir is not None  # TrainingArguments.__post_init__ fills it in
     trial = trainer._trial
     if trial is None or trainer.hp_search_backend is None:
-        return trainer.args.output_dir
+        return output_dir
     from .hpo import trial_run_name
 
-    return os.path.join(trainer.args.output_dir, trial_run_name(trainer, trial))
+    return os.path.join(output_dir, trial_run_name(trainer, trial))
+
+
+def _optimizer(trainer: Trainer) -> torch.optim.Optimizer:
+    """The Trainer's optimizer, which train() creates before a checkpoint is saved or loaded."""
+    if trainer.optimizer is None:
+        raise RuntimeError(
+            "The Trainer has no optimizer: train() creates it (create_optimizer) before a checkpoint is "
+            "saved or loaded."
+        )
+    return trainer.optimizer
 
 
 # ---------------------------------------------------------------------- choosing what to resume
@@ -45,13 +57,11 @@ def resolve_resume_path(trainer: Trainer, resume: str | bool | None) -> str | No
     if resume is None or resume is False:
         return None
     if resume is True:
-        path = (
-            ckpt.get_last_checkpoint(trainer.args.output_dir)
-            if os.path.isdir(trainer.args.output_dir)
-            else None
-        )
+        output_dir = trainer.args.output_dir
+        assert output_dir is not None  # TrainingArguments.__post_init__ fills it in
+        path = ckpt.get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
         if path is None:
-            raise ValueError(f"No valid checkpoint found in output directory ({trainer.args.output_dir}).")
+            raise ValueError(f"No valid checkpoint found in output directory ({output_dir}).")
     else:
         path = str(resume)
         if not os.path.isdir(path):
@@ -103,7 +113,7 @@ def _check_optimizer_matches(trainer: Trainer, saved: dict[str, Any], path: str)
     hyperparameters): loading it would fail at the first step, or silently mix states."""
     now_name = _optim_name(trainer.args.optim)
     saved_name = _saved_args(path).get("optim")
-    groups_now, groups_saved = trainer.optimizer.param_groups, saved.get("param_groups", [])
+    groups_now, groups_saved = _optimizer(trainer).param_groups, saved.get("param_groups", [])
     keys_now = sorted(set().union(*(g.keys() for g in groups_now)) - {"params", "initial_lr"})
     keys_saved = (
         sorted(set().union(*(g.keys() for g in groups_saved)) - {"params", "initial_lr"})
@@ -181,7 +191,7 @@ def _keep_saved_schedule(trainer: Trainer, path: str) -> None:
     total = trainer.state.max_steps
     trainer.lr_scheduler = get_scheduler(
         saved.get("lr_scheduler_type", _plain(args.lr_scheduler_type)),
-        optimizer=trainer.optimizer,
+        optimizer=_optimizer(trainer),
         num_warmup_steps=TrainingArguments.get_warmup_steps(warm, total),  # type: ignore[arg-type]
         num_training_steps=total,
         scheduler_specific_kwargs=saved.get("lr_scheduler_kwargs") or {},
@@ -277,7 +287,9 @@ def save(trainer: Trainer) -> str:
             fsdp.save_sharded(trainer.model, None if args.save_only_model else trainer.optimizer, tmp)
         if not args.save_only_model:
             if main and not sharded and engine is None:
-                ckpt.save_torch_state(trainer.optimizer.state_dict(), os.path.join(tmp, ckpt.OPTIMIZER_NAME))
+                ckpt.save_torch_state(
+                    _optimizer(trainer).state_dict(), os.path.join(tmp, ckpt.OPTIMIZER_NAME)
+                )
             if main:
                 ckpt.save_torch_state(
                     trainer.lr_scheduler.state_dict(), os.path.join(tmp, ckpt.SCHEDULER_NAME)
@@ -310,7 +322,7 @@ def _data_state(trainer: Trainer, windows: list[list[float]]) -> dict[str, Any]:
         "loss_windows": windows,
         **{k: getattr(args, k) for k in _POSITION_ARGS},
     }
-    sampler = getattr(dataloader, "sampler", None)
+    sampler: Any = getattr(dataloader, "sampler", None)
     if hasattr(sampler, "state_dict"):
         out["sampler"] = sampler.state_dict()
     if dataset is not None and callable(getattr(dataset, "state_dict", None)):
@@ -322,12 +334,13 @@ def write_model(
     trainer: Trainer, directory: str, weights: bool = True, state_dict: dict | None = None
 ) -> None:
     """Weights (or, without them, the model's config), training_args.json and the processing class."""
+    config: Any = getattr(trainer.model, "config", None)
     if weights:
         ckpt.save_model_weights(
             trainer.model, directory, max_shard_size=trainer.args.save_max_shard_size, state_dict=state_dict
         )
-    elif hasattr(getattr(trainer.model, "config", None), "save_pretrained"):
-        trainer.model.config.save_pretrained(directory)  # sharded weights: still describe the model
+    elif hasattr(config, "save_pretrained"):
+        config.save_pretrained(directory)  # sharded weights: still describe the model
     ckpt.write_json(os.path.join(directory, ckpt.TRAINING_ARGS_NAME), trainer.args.to_dict())
     processing = trainer.processing_class
     if processing is None:
@@ -388,7 +401,7 @@ def restore(trainer: Trainer, path: str, train_dataloader: Any) -> None:
         if _has(path, ckpt.OPTIMIZER_NAME) and not args.save_only_model:
             saved_optimizer = ckpt.safe_torch_load(os.path.join(path, ckpt.OPTIMIZER_NAME))
             _check_optimizer_matches(trainer, saved_optimizer, path)
-            trainer.optimizer.load_state_dict(saved_optimizer)
+            _optimizer(trainer).load_state_dict(saved_optimizer)
         elif _has(path, ckpt.OPTIMIZER_NAME):
             logger.warning("save_only_model=True: resuming the weights of %s with a fresh optimizer.", path)
         if _has(path, ckpt.SCHEDULER_NAME):  # never dropped, even when the optimizer starts afresh
@@ -433,7 +446,7 @@ def restore(trainer: Trainer, path: str, train_dataloader: Any) -> None:
     trainer.cursor = cursor
     if data_state is not None and not args.ignore_data_skip:
         _keep_saved_data_order(trainer, train_dataloader, data_state, path)
-    dataset = getattr(train_dataloader, "dataset", None)
+    dataset: Any = getattr(train_dataloader, "dataset", None)
     if data_state is not None and "dataset_state" in data_state and hasattr(dataset, "load_state_dict"):
         dataset.load_state_dict(data_state["dataset_state"])
         trainer._iterable_restored = True
@@ -509,7 +522,8 @@ def _rescale_position(cursor: LoopCursor, data_state: dict, trainer: Trainer) ->
 def _keep_saved_data_order(trainer: Trainer, dataloader: Any, data_state: dict, path: str) -> None:
     """The interrupted run's data order continues: the sampler's saved state (its seed with it) and
     the loader's worker seeds. A changed seed/data_seed is named in a warning; it applies to new runs."""
-    args, sampler = trainer.args, getattr(dataloader, "sampler", None)
+    args = trainer.args
+    sampler: Any = getattr(dataloader, "sampler", None)
     saved_seed = data_state.get("seed")
     now_seed = args.data_seed if args.data_seed is not None else args.seed
     if saved_seed is not None and saved_seed != now_seed:
