@@ -404,6 +404,7 @@ def test_dict_fields_accept_json_strings():
         accelerator_config='{"non_blocking": true}',
         fsdp_config='{"fsdp_min_num_params": 100, "transformer_layer_cls_to_wrap": "Block"}',
         liger_kernel_config='{"rope": true}',
+        use_liger_kernel=True,
     )
     assert a.lr_scheduler_kwargs == {"num_cycles": 2, "min_lr": 1e-6}
     assert a.activation_checkpointing_kwargs == {"use_reentrant": False}
@@ -540,16 +541,30 @@ def test_old_name_conflicting_with_new_name_is_an_error():
         {"fp16_opt_level": "O2"},
         {"tpu_num_cores": 8},
         {"mp_parameters": "x"},
-        {"use_mps_device": True},
         {"half_precision_backend": "apex"},
         {"save_safetensors": False},
-        {"warmup_ratio": 0.1},
+        {"liger_kernel_config": {"rope": True}},
     ],
 )
-def test_no_effect_options_warn(kwargs):
-    with pytest.warns(FutureWarning, match=next(iter(kwargs))):
-        a = make(**kwargs)
-    assert a.save_safetensors is True
+def test_options_trainwright_cannot_honour_are_refused(kwargs):
+    with pytest.raises(ValueError, match=f"{next(iter(kwargs))}=.*is invalid"):
+        make(**kwargs)
+
+
+def test_options_that_change_nothing_here_are_accepted():
+    assert make(half_precision_backend="cpu_amp").half_precision_backend == "cpu_amp"  # torch.amp is that
+    import torch
+
+    if torch.backends.mps.is_available():
+        assert make(use_mps_device=True).use_mps_device is True
+    else:  # the user asks for a device this machine does not have
+        with pytest.raises(ValueError, match="use_mps_device"):
+            make(use_mps_device=True)
+
+
+def test_warmup_ratio_is_the_v4_name_and_warns():
+    with pytest.warns(FutureWarning, match="warmup_ratio"):
+        make(warmup_ratio=0.1)
 
 
 def test_checkpointing_names_stay_in_sync():

@@ -26,7 +26,6 @@ _LOOP = "tests/test_args_loop_features.py"
 _DIST = "tests/test_distributed.py"
 _HUB = "tests/test_hub.py"
 _OLD_NAMES = f"{_ARGS}::test_old_names_map_onto_new_fields_with_a_warning"
-_NO_EFFECT = f"{_ARGS}::test_no_effect_options_warn"
 
 BEHAVIOUR_TESTS: dict[str, str] = {
     # output and phases
@@ -184,16 +183,9 @@ BEHAVIOUR_TESTS: dict[str, str] = {
     "generation_config": "tests/test_upstream_behaviours.py::test_generation_config_as_dict_folder_file_or_object",
 }
 
-# Accepted with a warning that they change nothing (v4 options of apex, TPUs, SageMaker, jit, ...).
+# Accepted values that change nothing here (each value that would matter is refused, in REFUSED).
 NO_EFFECT_WARNED: dict[str, str] = {
-    "half_precision_backend": _NO_EFFECT,
-    "save_safetensors": _NO_EFFECT,
-    "use_mps_device": _NO_EFFECT,
-    "fp16_opt_level": _NO_EFFECT,
-    "jit_mode_eval": _NO_EFFECT,
-    "use_legacy_prediction_loop": _NO_EFFECT,
-    "tpu_num_cores": _NO_EFFECT,
-    "mp_parameters": _NO_EFFECT,
+    "use_mps_device": f"{_ARGS}::test_options_that_change_nothing_here_are_accepted",
 }
 
 # field -> a non-default value that building the arguments must refuse, naming the field.
@@ -206,6 +198,13 @@ REFUSED: dict[str, object] = {
     "trackio_static_space_id": "user/static-space",
     "ray_scope": "all",
     "sortish_sampler": True,
+    "half_precision_backend": "apex",
+    "save_safetensors": False,
+    "fp16_opt_level": "O2",
+    "jit_mode_eval": True,
+    "use_legacy_prediction_loop": True,
+    "tpu_num_cores": 8,
+    "mp_parameters": "x",
 }
 
 

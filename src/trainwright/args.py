@@ -119,8 +119,9 @@ V4_V5_CHOICES: dict[str, str] = {
         'Old flag (v4): adds "tpu_metrics_debug" to debug with a warning. The Trainer refuses that option: '
         "trainwright does not run on TPUs (torch_xla), whose metrics it would print."
     ),
-    "jit_mode_eval": "Removed in v5; accepted, and a non-default value warns that it has no effect (likewise "
-    "use_legacy_prediction_loop, fp16_opt_level, tpu_num_cores, mp_parameters).",
+    "jit_mode_eval": "Removed in v5; the default is accepted, any other value is refused naming the field "
+    "(likewise use_legacy_prediction_loop, fp16_opt_level, tpu_num_cores, mp_parameters, "
+    "half_precision_backend='apex', save_safetensors=False): trainwright cannot honour them.",
     "overwrite_output_dir": "Kept (v4, removed in v5) for scripts that read it; the Trainer does not use it.",
     "past_index": (
         "Honoured as in v4 (removed in v5): the output at past_index is fed back as `mems`, the memory starting "
@@ -229,7 +230,15 @@ _DICT_FIELDS = (
 # Dict fields where a string that is not JSON names a file: read here, or (deepspeed) kept as a path.
 _DEFAULT_PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 _DICT_FILE_FIELDS = ("fsdp_config", "accelerator_config", "deepspeed")
-# v4 options that trainwright accepts but does not act on: name -> (v4 default, why).
+
+
+def _mps_available() -> bool:
+    import torch
+
+    return bool(torch.backends.mps.is_available())
+
+
+# v4 options trainwright cannot act on: name -> (v4 default, why); a non-default value is refused.
 _NO_EFFECT = {
     "jit_mode_eval": (False, "torch.jit tracing for evaluation is not provided"),
     "use_legacy_prediction_loop": (False, "there is a single evaluation loop"),
@@ -446,12 +455,12 @@ class TrainingArguments:
     use_mps_device: bool = _arg(False, "Old flag; MPS is picked automatically.")
     adafactor: bool = _arg(False, 'Old flag for optim="adafactor".')
     fp16_backend: str = _arg("auto", "Old name of half_precision_backend.")
-    fp16_opt_level: str = _arg("O1", "Apex optimisation level (no effect).")
-    jit_mode_eval: bool = _arg(False, "torch.jit tracing for evaluation (no effect).")
-    use_legacy_prediction_loop: bool = _arg(False, "Legacy prediction loop (no effect).")
-    tpu_num_cores: int | None = _arg(None, "TPU cores (no effect).")
+    fp16_opt_level: str = _arg("O1", "Apex optimisation level (only the default is accepted).")
+    jit_mode_eval: bool = _arg(False, "torch.jit tracing for evaluation (only False is accepted).")
+    use_legacy_prediction_loop: bool = _arg(False, "Legacy prediction loop (only False is accepted).")
+    tpu_num_cores: int | None = _arg(None, "TPU cores (only None is accepted).")
     tpu_metrics_debug: bool = _arg(False, 'Old flag for debug="tpu_metrics_debug".')
-    mp_parameters: str = _arg("", "SageMaker model-parallel parameters (no effect).")
+    mp_parameters: str = _arg("", "SageMaker model-parallel parameters (only empty is accepted).")
     include_inputs_for_metrics: bool = _arg(False, 'Old flag for include_for_metrics=["inputs"].')
     torchdynamo: str | None = _arg(None, "Old name of torch_compile_backend.")
     push_to_hub_model_id: str | None = _arg(None, "Old name of hub_model_id.")
@@ -632,12 +641,16 @@ class TrainingArguments:
         if (v := self._take_old("fsdp_transformer_layer_cls_to_wrap", None, "fsdp_config")) is not None:
             self.fsdp_config.setdefault("transformer_layer_cls_to_wrap", v)
         for name, (v4_default, why) in _NO_EFFECT.items():
-            if getattr(self, name) != v4_default:
-                _warn_once(name, f"{name}={getattr(self, name)!r} has no effect in trainwright: {why}.")
+            if getattr(self, name) == v4_default:
+                continue
+            if name == "use_mps_device" and _mps_available():
+                _warn_once(name, f"use_mps_device is not needed: {why}.")
+                continue
+            raise self._invalid(name, f"trainwright cannot honour it: {why}; leave it at {v4_default!r}")
         if not self.save_safetensors:
-            _warn_once(
+            raise self._invalid(
                 "save_safetensors",
-                "save_safetensors=False is ignored: trainwright always writes safetensors.",
+                "trainwright always writes safetensors (pickled weights would break its nothing-pickled rule)",
             )
             self.save_safetensors = True
         self._sync_checkpointing_names()
@@ -706,10 +719,10 @@ class TrainingArguments:
         self._one_of("log_level", list(_LOG_LEVELS))
         self._one_of("log_level_replica", list(_LOG_LEVELS))
         self._one_of("half_precision_backend", _HALF_PRECISION_BACKENDS)
-        if self.half_precision_backend != "auto":
-            _warn_once(
+        if self.half_precision_backend == "apex":
+            raise self._invalid(
                 "half_precision_backend",
-                f"half_precision_backend={self.half_precision_backend!r} has no effect: trainwright uses torch.amp.",
+                "apex is not used: mixed precision is torch.amp ('auto' or 'cpu_amp')",
             )
         self._one_of("ddp_backend", _DDP_BACKENDS, optional=True)
         self._one_of("dataloader_multiprocessing_context", _MP_CONTEXTS, optional=True)
@@ -769,8 +782,8 @@ class TrainingArguments:
                 "neftune_noise_alpha", "expected None or a number > 0 (the paper used 5 to 15)"
             )
         if self.liger_kernel_config and not self.use_liger_kernel:
-            _warn_once(
-                "liger_kernel_config", "liger_kernel_config has no effect without use_liger_kernel=True."
+            raise self._invalid(
+                "liger_kernel_config", "it is only used with use_liger_kernel=True: set that too"
             )
         self._check_int("save_total_limit", 1, optional=True)
         self._check_int("ddp_timeout", 1)
