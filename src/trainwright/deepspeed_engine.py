@@ -141,9 +141,12 @@ class DeepSpeedRun:
             raise ValueError(
                 "deepspeed and torch_compile are both set: DeepSpeed's engine is not compiled here."
             )
+        if args.deepspeed is None:
+            raise RuntimeError("DeepSpeedRun.start: TrainingArguments.deepspeed (the config) is not set.")
         config = fill_config(load_config(args.deepspeed), args, trainer.runtime.world_size)
         from .optim import decay_param_groups
 
+        kwargs: dict[str, Any]
         if "optimizer" in config:
             if trainer.optimizer is not None:
                 raise ValueError(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -78,7 +78,7 @@ def run_demo(output_dir: str = "trainwright_demo", max_steps: int = 600, **overr
 
     prompt = torch.tensor([list(b"The ")], device=trainer.runtime.device)
     torch.manual_seed(0)
-    sample = decode_bytes(trainer.model.generate(prompt, max_new_tokens=160)[0])
+    sample = decode_bytes(cast(TinyGPT, trainer.model).generate(prompt, max_new_tokens=160)[0])
     plots = _plots(output_dir)
     summary = {
         "eval_loss_before": before["eval_loss"],

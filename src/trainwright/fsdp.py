@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -292,7 +292,9 @@ def full_state_dict(model: nn.Module, on_every_rank: bool = False) -> dict[str, 
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=not on_every_rank)
-    state = {k: v.detach().cpu() for k, v in get_model_state_dict(model, options=options).items()}
+    # a model's state dict holds tensors (torch annotates it with every value a state dict may hold)
+    gathered = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
+    state = {k: v.detach().cpu() for k, v in gathered.items()}
     # Gathering makes a separate tensor per name; tied weights (one parameter under several names)
     # become one tensor again, so the file stores them once, as a plain model's save does.
     first_name: dict[int, str] = {}

@@ -15,7 +15,7 @@ import logging
 import numbers
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .metrics import BestRun
 
@@ -40,7 +40,9 @@ class _Search:
     hp_name: Callable[[Any], str] | None
     multi_objective: bool
     warned: set[str] = dataclasses.field(default_factory=set)  # unknown hp_space keys already warned about
-    reported: tuple[int, float] | None = None  # (global_step, objective) of the last evaluation
+    reported: tuple[int, float | Sequence[float]] | None = (
+        None  # (global_step, objective) of the last evaluation
+    )
 
 
 # ---------------------------------------------------------------------------------- defaults
@@ -110,7 +112,7 @@ def report_to_hp_search(trainer: Trainer, trial: Any, metrics: dict[str, float])
         search.reported = (step, objective)
     if search is not None and search.multi_objective:
         return  # optuna cannot prune (nor take intermediate values of) a multi-objective trial
-    trial.report(float(objective), step)
+    trial.report(float(cast(float, objective)), step)  # one objective: a number
     if trial.should_prune():
         optuna = _import_optuna()
         trainer.control = trainer.callback_handler.on_train_end(trainer.args, trainer.state, trainer.control)
@@ -244,7 +246,7 @@ def _cast(name: str, value: Any, current: Any) -> Any:
         raise ValueError(f"hp_space: {name} is a bool argument, got {value!r}.")
     if isinstance(current, int) and not isinstance(current, enum.Enum):
         if isinstance(value, numbers.Real) and float(value).is_integer():
-            return int(value)
+            return int(value)  # type: ignore[call-overload]  # typeshed's numbers.Real lacks __int__
         raise ValueError(f"hp_space: {name} is an integer argument, got {value!r}.")
     if isinstance(current, float):
         if isinstance(value, numbers.Real) and not isinstance(value, bool):

@@ -144,6 +144,7 @@ def init_repo(trainer: Trainer, token: str | None = None, private: bool | None =
     if not trainer.is_world_process_zero():
         return
     args = trainer.args
+    assert args.output_dir is not None  # TrainingArguments.__post_init__ fills it in
     name = args.hub_model_id if args.hub_model_id is not None else Path(args.output_dir).absolute().name
     token = token if token is not None else args.hub_token
     private = private if private is not None else args.hub_private_repo
@@ -178,6 +179,7 @@ def push_from_checkpoint(trainer: Trainer, checkpoint: str) -> None:
         init_repo(trainer)
     trainer.callback_handler.on_push_begin(args, trainer.state, trainer.control)
     output_dir = args.output_dir
+    assert output_dir is not None  # TrainingArguments.__post_init__ fills it in
     _copy_model_files(checkpoint, output_dir)
     # The processing class may write any number of files: cheaper to save it again than to find them.
     processing = trainer.processing_class
@@ -242,6 +244,7 @@ def push_to_hub(
     trainer.callback_handler.on_push_begin(args, trainer.state, trainer.control)
     model_name = card_kwargs.pop("model_name", None)
     if model_name is None and args.should_save:
+        assert args.output_dir is not None  # TrainingArguments.__post_init__ fills it in
         model_name = (
             Path(args.output_dir).name if args.hub_model_id is None else args.hub_model_id.split("/")[-1]
         )

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -54,7 +54,9 @@ def _loss_of(outputs: Any) -> torch.Tensor | None:
     return outputs if isinstance(outputs, torch.Tensor) else None
 
 
-def loss_honours_num_items(model: torch.nn.Module, inputs: Mapping[str, Any], num_items: torch.Tensor) -> bool:
+def loss_honours_num_items(
+    model: torch.nn.Module, inputs: Mapping[str, Any], num_items: torch.Tensor
+) -> bool:
     """Measure whether ``model(**inputs, num_items_in_batch=N)`` returns ``sum / N``.
 
     Two forwards without gradients in eval mode (no dropout, no running-statistics update), with
@@ -99,8 +101,9 @@ def batch_size(inputs: Any) -> int:
     ``DataCollatorWithFlattening``), the number of sequences in it."""
     if isinstance(inputs, torch.Tensor):
         return inputs.shape[0] if inputs.dim() else 1
+    values: Iterable[Any]
     if isinstance(inputs, Mapping):
-        positions = inputs.get("position_ids")
+        positions: Any = inputs.get("position_ids")
         packed = "attention_mask" not in inputs and isinstance(positions, torch.Tensor)
         if packed and positions.dim() == 2 and positions.shape[0] == 1:
             return int((positions == 0).sum()) or 1  # a packed row: its sequences start at 0

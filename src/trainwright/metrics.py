@@ -13,7 +13,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -307,7 +307,8 @@ def _rebuild_mapping(template: Mapping, values: dict) -> Mapping:
     if type(template) is dict:
         return values
     try:
-        return type(template)(values)
+        # a Mapping subclass, tried as a constructor from a dict (a TypeError falls back to the dict)
+        return cast(Callable[[dict], Mapping], type(template))(values)
     except TypeError:
         return values
 

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 
@@ -78,7 +78,8 @@ def _title(key: str) -> str:
 class TrainingSummary:
     """What a model card says about a training run (upstream's `TrainingSummary`)."""
 
-    model_name: str
+    # None when neither model_name, output_dir's name nor finetuned_from gives one (output_dir=".")
+    model_name: str | None
     language: str | list[str] | None = None
     license: str | None = None
     tags: str | list[str] | None = None
@@ -114,6 +115,7 @@ class TrainingSummary:
         tasks = {t: TASK_NAMES[t] for t in _as_list(self.tasks) if t in TASK_NAMES}
         if not (tasks and names and metrics):  # the Hub rejects a result lacking any of the three
             return [index]
+        assert self.eval_results is not None  # metrics (metric_tags) are its keys
         scores = [
             {"name": name, "type": tag, "value": self.eval_results[name]} for tag, name in metrics.items()
         ]
@@ -325,7 +327,8 @@ def summary_from_trainer(trainer: Trainer, **kwargs: Any) -> TrainingSummary:
     """Fill what the caller left out from the Trainer: dataset (a Hub `datasets` dataset), base model
     (the config's `_name_or_path` unless a local folder), task (the model class), tags, results."""
     model = trainer.model  # the unwrapped model (DDP/compile wrap model_wrapped)
-    one = trainer.eval_dataset if trainer.eval_dataset is not None else trainer.train_dataset
+    # a `datasets.Dataset` when builder is set below (recognised by its module, not imported)
+    one: Any = trainer.eval_dataset if trainer.eval_dataset is not None else trainer.train_dataset
     builder = getattr(one, "builder_name", None) if type(one).__module__.startswith("datasets.") else None
     tags, args_ = kwargs.get("dataset_tags"), kwargs.get("dataset_args")
     metadata = None
@@ -341,8 +344,10 @@ def summary_from_trainer(trainer: Trainer, **kwargs: Any) -> TrainingSummary:
     tasks = kwargs.get("tasks")
     if tasks is None:
         tasks = _infer_task(model)
+    output_dir = trainer.args.output_dir
+    assert output_dir is not None  # TrainingArguments.__post_init__ fills it in
     model_name = kwargs.get("model_name")
-    model_name = (Path(trainer.args.output_dir).name if model_name is None else model_name) or finetuned_from
+    model_name = (Path(output_dir).name if model_name is None else model_name) or finetuned_from
     card_tags = _as_list(kwargs.get("tags"))
     if "generated_from_trainer" not in card_tags:
         card_tags = [*card_tags, "generated_from_trainer"]
@@ -380,7 +385,9 @@ def write_model_card(trainer: Trainer, **kwargs: Any) -> str | None:
     kept when `tags` is given, and a PEFT card is then updated by the PEFT model, as upstream."""
     if not trainer.is_world_process_zero():
         return None
-    path = os.path.join(trainer.args.output_dir, "README.md")
+    output_dir = trainer.args.output_dir
+    assert output_dir is not None  # TrainingArguments.__post_init__ fills it in
+    path = os.path.join(output_dir, "README.md")
     is_peft = False
     if os.path.exists(path):
         existing = read_metadata(path)
@@ -390,9 +397,9 @@ def write_model_card(trainer: Trainer, **kwargs: Any) -> str | None:
             tags = [tags] if isinstance(tags, str) else list(tags)
             kwargs["tags"] = tags + [t for t in existing["tags"] if t not in tags]
     card = summary_from_trainer(trainer, **kwargs).to_model_card()
-    os.makedirs(trainer.args.output_dir, exist_ok=True)
+    os.makedirs(output_dir, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         f.write(card)
     if is_peft and hasattr(trainer.model, "create_or_update_model_card"):
-        trainer.model.create_or_update_model_card(trainer.args.output_dir)
+        cast(Any, trainer.model).create_or_update_model_card(output_dir)  # a PEFT model
     return path

@@ -19,7 +19,7 @@ import importlib
 import inspect
 import re
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -336,6 +336,7 @@ def _low_rank(name: str, args: Any, model: nn.Module | None, extra: dict) -> tup
     if layerwise:
         _refuse_in_backward_stepping(name, args, layerwise=True)
     targets = _target_parameter_names(name, args, model)
+    assert model is not None  # _target_parameter_names refuses None
     from .optim import get_decay_parameter_names
 
     decay = set(get_decay_parameter_names(model))
@@ -383,6 +384,7 @@ def get_extra_cls_and_kwargs(
     (layer-wise), which replace the Trainer's param groups as upstream.
     """
     extra = dict(optim_args)
+    cls: type[Any]
     cls, kwargs = _FAMILIES[name](name, args, model, extra)
     kwargs.setdefault("lr", args.learning_rate)
     kwargs = {"lr": kwargs.pop("lr"), **kwargs}
@@ -432,7 +434,8 @@ def _ctx_value(item: Any) -> Any:
 def _to_plain(value: Any) -> Any:
     kind = type(value).__module__
     if isinstance(value, torch.Tensor) and kind.startswith(_TENSOR_SUBCLASS_MODULES):
-        names, ctx = value.__tensor_flatten__()
+        # torchao's tensor subclasses implement torch's traceable-subclass protocol (not in Tensor's type)
+        names, ctx = cast(Any, value).__tensor_flatten__()
         return {
             _TAG: _qualname(value),
             "tensors": {name: getattr(value, name) for name in names},
@@ -533,7 +536,9 @@ class LayerWiseOptimizer(torch.optim.Optimizer):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    def step(self, closure: Any = None) -> None:
+    # ignore[override]: the steps happen in the gradient hooks, so a closure is not run and no loss
+    # is returned, unlike Optimizer.step(closure) -> float
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
         return None
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -6,7 +6,7 @@ import copy
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -72,11 +72,15 @@ class Seq2SeqTrainer(Trainer):
 
     def _generation_kwargs(self, given: dict[str, Any]) -> dict[str, Any]:
         kwargs = dict(given)
+        # Seq2SeqTrainingArguments' fields; plain TrainingArguments have neither
         if kwargs.get("max_length") is None and kwargs.get("max_new_tokens") is None:
-            if getattr(self.args, "generation_max_length", None) is not None:
-                kwargs["max_length"] = self.args.generation_max_length
-        if kwargs.get("num_beams") is None and getattr(self.args, "generation_num_beams", None) is not None:
-            kwargs["num_beams"] = self.args.generation_num_beams
+            if (max_length := getattr(self.args, "generation_max_length", None)) is not None:
+                kwargs["max_length"] = max_length
+        if (
+            kwargs.get("num_beams") is None
+            and (num_beams := getattr(self.args, "generation_num_beams", None)) is not None
+        ):
+            kwargs["num_beams"] = num_beams
         return kwargs
 
     def prediction_step(
@@ -108,7 +112,7 @@ class Seq2SeqTrainer(Trainer):
             generation_inputs.pop("decoder_attention_mask", None)
         generation_inputs.pop("labels", None)
         with torch.no_grad():
-            generated = model.generate(**generation_inputs, **gen_kwargs)
+            generated = cast(Any, model).generate(**generation_inputs, **gen_kwargs)  # has it (checked above)
             loss = None
             if has_labels:
                 with self.compute_loss_context_manager():
@@ -138,7 +142,7 @@ class Seq2SeqTrainer(Trainer):
             return int(gen_kwargs["max_length"])
         if gen_kwargs.get("max_new_tokens") is not None:
             return int(gen_kwargs["max_new_tokens"]) + 1
-        config = getattr(model, "generation_config", None)
+        config: Any = getattr(model, "generation_config", None)
         if getattr(config, "max_new_tokens", None) is not None:
             return config.max_new_tokens + 1
         if getattr(config, "max_length", None) is not None:

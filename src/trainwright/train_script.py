@@ -34,7 +34,7 @@ class ModelArguments:
 
 @dataclass
 class DataArguments:
-    train_file: str = field(default=None, metadata={"help": ".txt or .jsonl file with training text"})
+    train_file: str | None = field(default=None, metadata={"help": ".txt or .jsonl file with training text"})
     validation_file: str | None = field(default=None, metadata={"help": ".txt or .jsonl file for evaluation"})
     text_column: str = field(default="text", metadata={"help": "field holding the text in .jsonl files"})
     block_size: int = field(default=128, metadata={"help": "tokens per training example"})

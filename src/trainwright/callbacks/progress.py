@@ -136,7 +136,9 @@ class ProgressCallback(TrainerCallback):
     def on_evaluate(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self._close_prediction_bar()
 
-    def on_predict(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_predict(
+        self, args: Any, state: TrainerState, control: TrainerControl, metrics: Any = None, **kwargs: Any
+    ) -> None:
         self._close_prediction_bar()
 
     def on_log(

@@ -156,6 +156,7 @@ class SpeedMonitor(TrainerCallback):
             self.peak_flops = self._lookup_peak(args)
 
     def _lookup_peak(self, args: Any) -> float | None:
+        assert self._runtime is not None  # on_train_begin sets it before asking
         device = self._runtime.device
         if device.type != "cuda":
             logger.info(
