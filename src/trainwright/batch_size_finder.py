@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from . import device_cache
+from .loss import LossWindow
 from .seed import enable_full_determinism, set_seed
 from .state import TrainerState
 
@@ -118,7 +119,7 @@ def train_with_search(trainer: Trainer, resume_path: str | None, run: Callable[[
             trainer.optimizer.zero_grad(set_to_none=True)
         if getattr(trainer, "_created_scheduler", False):
             trainer.lr_scheduler = None  # re-made for the new number of steps
-        trainer._losses = None
+        trainer._losses = LossWindow(trainer.runtime.device)  # drop the failed try's step losses
         device_cache.empty_device_cache(trainer.runtime.device, collect_garbage=True)
         # The random streams start again as at the first try: dropout and data order of the retry are
         # those of a run started at this batch size.

@@ -87,7 +87,7 @@ def loss_honours_num_items(
     return first / second > 1.5
 
 
-def items_in_batch(inputs: dict[str, Any], label_shift: bool) -> torch.Tensor:
+def items_in_batch(inputs: Mapping[str, Any], label_shift: bool) -> torch.Tensor:
     """Items one batch contributes to the loss: label targets, else samples."""
     labels = inputs.get("labels") if isinstance(inputs, Mapping) else None
     if isinstance(labels, torch.Tensor):

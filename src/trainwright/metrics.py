@@ -36,8 +36,8 @@ class EvalLoopOutput(NamedTuple):
 
     predictions: Any
     label_ids: Any
-    metrics: dict[str, float] | None
-    num_samples: int | None
+    metrics: dict[str, float]  # the Trainer's evaluation loop always fills both
+    num_samples: int
 
 
 class PredictionOutput(NamedTuple):
