@@ -440,7 +440,9 @@ def test_compiled_models_are_counted_on_the_eager_copy():
     assert calls == [] and compiles == []  # neither the real model nor dynamo ran
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the loop's CPU batch against a CUDA model")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a GPU: the loop's CPU batch against a CUDA model"
+)
 def test_cpu_batch_counts_on_a_cuda_model():
     model = tiny_gpt2()
     batch = {"input_ids": torch.randint(0, 64, (2, 16)), "labels": torch.randint(0, 64, (2, 16))}

@@ -185,7 +185,9 @@ def test_resume_loads_weights_through_the_models_own_load_state_dict(make_args, 
         load_model_weights(Plain(), tmp_path / "out" / "checkpoint-2")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: use_cpu only changes the device there")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a GPU: use_cpu only changes the device there"
+)
 def test_use_cpu_is_honoured_by_a_later_trainer_in_the_same_process(tmp_path):
     from trainwright import TrainingArguments
 

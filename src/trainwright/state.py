@@ -137,7 +137,9 @@ class TrainerControl(ExportableState):
         return {"args": dataclasses.asdict(self), "attributes": {}}
 
 
-def metric_improves(value: float, best: float | None, greater_is_better: bool, threshold: float = 0.0) -> bool:
+def metric_improves(
+    value: float, best: float | None, greater_is_better: bool, threshold: float = 0.0
+) -> bool:
     """Whether `value` beats `best` (by more than `threshold`). A non-finite value (NaN, inf) never
     beats a recorded best, and any finite value beats a non-finite best: a diverged evaluation
     can neither win nor freeze the best metric."""

@@ -219,7 +219,10 @@ class Trainer:
         self._label_shift = label_shift_for(model)
         eps = self.args.label_smoothing_factor
         self.label_smoother = LabelSmoother(epsilon=eps) if eps != 0 else None
-        if eps != 0 and getattr(getattr(model, "config", None), "problem_type", None) == "multi_label_classification":
+        if (
+            eps != 0
+            and getattr(getattr(model, "config", None), "problem_type", None) == "multi_label_classification"
+        ):
             warnings.warn(  # as upstream: smoothing one-hot targets makes no sense for independent labels
                 "label_smoothing_factor is not used with multi-label classification (problem_type="
                 "'multi_label_classification'): training without label smoothing.",
@@ -278,12 +281,16 @@ class Trainer:
     @property
     def tokenizer(self) -> Any:
         """Deprecated name of `processing_class` (v4)."""
-        warnings.warn("Trainer.tokenizer is deprecated: use Trainer.processing_class.", FutureWarning, stacklevel=2)
+        warnings.warn(
+            "Trainer.tokenizer is deprecated: use Trainer.processing_class.", FutureWarning, stacklevel=2
+        )
         return self.processing_class
 
     @tokenizer.setter
     def tokenizer(self, value: Any) -> None:
-        warnings.warn("Trainer.tokenizer is deprecated: use Trainer.processing_class.", FutureWarning, stacklevel=2)
+        warnings.warn(
+            "Trainer.tokenizer is deprecated: use Trainer.processing_class.", FutureWarning, stacklevel=2
+        )
         self.processing_class = value
 
     @property
@@ -461,7 +468,9 @@ class Trainer:
         return self.optimizer
 
     @staticmethod
-    def get_optimizer_cls_and_kwargs(args: TrainingArguments, model: nn.Module | None = None) -> tuple[Any, Any]:
+    def get_optimizer_cls_and_kwargs(
+        args: TrainingArguments, model: nn.Module | None = None
+    ) -> tuple[Any, Any]:
         """The optimizer class for `args.optim` and its kwargs (all but the parameters), as upstream.
 
         `model` is needed by GaLore, APOLLO and LOMO (and picks the fused AdamW kernel). kwargs may
@@ -495,7 +504,9 @@ class Trainer:
     def get_optimizer_group(self, param: Any = None) -> Any:
         """The optimizer's parameter group holding `param`, or every group's parameters."""
         if self.optimizer is None:
-            raise ValueError("The optimizer has not been created yet: call create_optimizer() or train() first.")
+            raise ValueError(
+                "The optimizer has not been created yet: call create_optimizer() or train() first."
+            )
         if param is not None:
             for group in self.optimizer.param_groups:
                 if any(p is param for p in group["params"]):
@@ -727,7 +738,9 @@ class Trainer:
         start_time = self._start_time = time.time()
         self.control = handler.on_train_begin(args, self.state, self.control)
         if args.eval_on_start and resume_path is None:
-            self._determine_best_metric(self._evaluate(trial, ignore_keys_for_eval, skip_scheduler=True), trial)
+            self._determine_best_metric(
+                self._evaluate(trial, ignore_keys_for_eval, skip_scheduler=True), trial
+            )
 
         for epoch in range(self.cursor.epoch, num_train_epochs):
             if self.state.global_step >= max_steps:
@@ -857,7 +870,9 @@ class Trainer:
             return  # the model is not given num_items_in_batch then
         inputs = next((b for b in micro_batches if _has_targets(b, self._label_shift)), None)
         if inputs is None:
-            if not any(isinstance(b, Mapping) and isinstance(b.get("labels"), torch.Tensor) for b in micro_batches):
+            if not any(
+                isinstance(b, Mapping) and isinstance(b.get("labels"), torch.Tensor) for b in micro_batches
+            ):
                 self._probe_loss_kwargs = False  # no labels at all: nothing to measure, ever
             return  # this step's labels are all ignored: measure on a later step
         self._probe_loss_kwargs = False
@@ -1174,7 +1189,9 @@ class Trainer:
         self.state.log_history.append({**logs, "step": self.state.global_step})
         self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs=logs)
 
-    def _evaluate(self, trial: Any, ignore_keys_for_eval: Any, skip_scheduler: bool = False) -> dict[str, float]:
+    def _evaluate(
+        self, trial: Any, ignore_keys_for_eval: Any, skip_scheduler: bool = False
+    ) -> dict[str, float]:
         """Evaluate, report to the HP search, step a ReduceLROnPlateau scheduler; the metrics."""
         oom_guard = (
             batch_size_finder.evaluation_oom_is_an_error() if self.args.auto_find_batch_size else _NO_CONTEXT
@@ -1233,7 +1250,9 @@ class Trainer:
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         """Load a checkpoint's weights into `model` (default: the Trainer's)."""
-        training_checkpoint.load_weights(self, resume_from_checkpoint, model if model is not None else self.model)
+        training_checkpoint.load_weights(
+            self, resume_from_checkpoint, model if model is not None else self.model
+        )
 
     def _load_best_model(self) -> None:
         """Load the weights of `state.best_model_checkpoint` (load_best_model_at_end)."""
@@ -1498,7 +1517,9 @@ class Trainer:
                 )
             self.control = self.callback_handler.on_prediction_step(args, self.state, self.control)
         num_samples = (
-            self.num_examples(dataloader) if data_utils.has_length(getattr(dataloader, "dataset", None)) else None
+            self.num_examples(dataloader)
+            if data_utils.has_length(getattr(dataloader, "dataset", None))
+            else None
         )
         result = gatherer.finish(num_samples)
         num_samples = num_samples if num_samples is not None else result.num_samples
