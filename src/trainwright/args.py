@@ -25,7 +25,8 @@ import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from types import FrameType
+from typing import Any, cast
 
 import torch
 
@@ -145,7 +146,8 @@ def _warn_once(key: str, message: str) -> None:
         return
     _WARNED.add(key)
     # Skip the frames of this module and of the dataclass-generated __init__ (compiled from "<string>").
-    level, frame = 2, sys._getframe(1)
+    level = 2
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename in (__file__, "<string>"):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, FutureWarning, stacklevel=level)
@@ -545,13 +547,19 @@ class TrainingArguments:
             self.lr_scheduler_kwargs = {}
         if self.fsdp_config is None:
             self.fsdp_config = {}
-        self.fsdp_config = {(k[5:] if k.startswith("fsdp_") else k): v for k, v in self.fsdp_config.items()}
+        self.fsdp_config = {
+            (k[5:] if k.startswith("fsdp_") else k): v
+            for k, v in cast(dict[str, Any], self.fsdp_config).items()  # a dict since _parse_dict_fields
+        }
         # An AcceleratorConfig (accelerator_config.py): read by attribute or as a dict; refused
         # settings raise here, gradient_accumulation_kwargs["num_steps"] sets the accumulation.
-        self.accelerator_config = AcceleratorConfig.from_mapping(
-            self.accelerator_config or {}, type(self).__name__
+        # (the field is annotated with what the constructor and the command line take; from here on
+        # it holds the AcceleratorConfig, which its annotation cannot say)
+        accelerator_config = AcceleratorConfig.from_mapping(
+            cast(Mapping[str, Any], self.accelerator_config or {}), type(self).__name__
         )
-        steps = (self.accelerator_config.gradient_accumulation_kwargs or {}).get("num_steps")
+        self.accelerator_config = cast(Any, accelerator_config)
+        steps = (accelerator_config.gradient_accumulation_kwargs or {}).get("num_steps")
         if steps is not None and steps != self.gradient_accumulation_steps:
             if self.gradient_accumulation_steps != 1:
                 raise self._invalid(
@@ -637,9 +645,9 @@ class TrainingArguments:
             self.debug = list(dict.fromkeys([*_words(self.debug), "tpu_metrics_debug"]))
         self._resolve_old_hub_names()
         if (v := self._take_old("fsdp_min_num_params", 0, 'fsdp_config["min_num_params"]')) is not None:
-            self.fsdp_config.setdefault("min_num_params", v)
+            cast(dict[str, Any], self.fsdp_config).setdefault("min_num_params", v)  # a dict by now
         if (v := self._take_old("fsdp_transformer_layer_cls_to_wrap", None, "fsdp_config")) is not None:
-            self.fsdp_config.setdefault("transformer_layer_cls_to_wrap", v)
+            cast(dict[str, Any], self.fsdp_config).setdefault("transformer_layer_cls_to_wrap", v)
         for name, (v4_default, why) in _NO_EFFECT.items():
             if getattr(self, name) == v4_default:
                 continue
@@ -661,6 +669,7 @@ class TrainingArguments:
         model_id = self._take_old("push_to_hub_model_id", None, "hub_model_id")
         organization = self._take_old("push_to_hub_organization", None, "hub_model_id")
         if organization is not None:
+            assert self.output_dir is not None  # _resolve_paths ran first
             model_id = f"{organization}/{model_id or os.path.basename(self.output_dir.rstrip('/'))}"
         if model_id is not None:
             self._merge_old("push_to_hub_model_id", "hub_model_id", model_id, None)
@@ -737,9 +746,10 @@ class TrainingArguments:
         if options and not strategies:
             options.insert(0, FSDPOption.FULL_SHARD)  # offload/auto_wrap alone mean full sharding
         self.fsdp = options
-        wrap = self.fsdp_config.get("transformer_layer_cls_to_wrap")
+        fsdp_config = cast(dict[str, Any], self.fsdp_config)  # a dict since _parse_dict_fields
+        wrap = fsdp_config.get("transformer_layer_cls_to_wrap")
         if isinstance(wrap, str):
-            self.fsdp_config["transformer_layer_cls_to_wrap"] = [wrap]
+            fsdp_config["transformer_layer_cls_to_wrap"] = [wrap]
 
     # -- batches, length of training, seeds --------------------------------------------------------
 
@@ -850,12 +860,13 @@ class TrainingArguments:
         if self.eval_strategy != self.save_strategy:
             raise ValueError(
                 f"{type(self).__name__}: load_best_model_at_end needs eval_strategy and save_strategy to match "
-                f"(or save_strategy='best'); got eval_strategy={self.eval_strategy.value!r}, "
-                f"save_strategy={self.save_strategy.value!r}"
+                f"(or save_strategy='best'); got eval_strategy={cast(Enum, self.eval_strategy).value!r}, "
+                f"save_strategy={cast(Enum, self.save_strategy).value!r}"
             )
         if self.eval_strategy != IntervalStrategy.STEPS:
             return
         save, every = self.save_steps, self.eval_steps
+        assert every is not None  # _resolve_intervals set it (to logging_steps when None)
         if (save < 1) != (every < 1):
             raise ValueError(
                 f"{type(self).__name__}: load_best_model_at_end needs save_steps to be a multiple of eval_steps, "
@@ -986,7 +997,7 @@ class TrainingArguments:
             self.disable_tqdm = logging.getLogger("trainwright").getEffectiveLevel() > logging.WARNING
         if self.use_cpu:
             self.dataloader_pin_memory = False
-        elif self.accelerator_config.non_blocking and not self.dataloader_pin_memory:
+        elif cast(AcceleratorConfig, self.accelerator_config).non_blocking and not self.dataloader_pin_memory:
             logger.warning(
                 "accelerator_config non_blocking=True but dataloader_pin_memory=False: copies from pageable "
                 "memory are not asynchronous; enable both for the best performance."
@@ -1016,7 +1027,7 @@ class TrainingArguments:
         for item in items:
             if _is_int(item):
                 try:
-                    name = signal.Signals(item).name
+                    name = signal.Signals(int(item)).name
                 except ValueError:
                     raise self._invalid("preemption_signals", f"{item} is not a signal number here") from None
             else:
@@ -1059,7 +1070,9 @@ class TrainingArguments:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"{cls.__name__}.from_dict: unknown keys {unknown}")
-        kwargs = {k: (None if k.endswith("_token") and v == _redacted(k) else v) for k, v in data.items()}
+        kwargs: dict[str, Any] = {
+            k: (None if k.endswith("_token") and v == _redacted(k) else v) for k, v in data.items()
+        }
         return cls(**kwargs)
 
     @classmethod

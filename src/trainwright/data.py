@@ -497,6 +497,7 @@ class EpochSeededDataLoader(DataLoader):
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch; forwarded to the sampler and to an iterable dataset that takes it."""
         self._epoch = int(epoch)
+        obj: Any
         for obj in (self.sampler, self.dataset if is_iterable_dataset(self.dataset) else None):
             if callable(getattr(obj, "set_epoch", None)):
                 obj.set_epoch(epoch)
@@ -510,7 +511,9 @@ class EpochSeededDataLoader(DataLoader):
             return _SeededBatches(batches, self)
         return batches
 
-    def __iter__(self) -> Iterator[Any]:
+    # ignore[override]: with a timeout the iterator is wrapped (to name the timeout), so it is an
+    # Iterator but not torch's _BaseDataLoaderIter
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self.generator.manual_seed(_derive_seed("workers", self.seed, self.epoch, self.rank))
         iterator = super().__iter__()
         return _NamedTimeout(iterator, self.timeout) if self.timeout and self.num_workers > 0 else iterator
@@ -608,7 +611,7 @@ def sampler_geometry(dataloader: Any) -> tuple[int, int] | None:
     """(batch size, this process's samples per epoch) when the loader cuts its batches in order
     from a resumable sampler, so that each batch's number of samples is known without reading
     it (a packed batch's tensors do not show it); None for any other loader."""
-    sampler = getattr(dataloader, "sampler", None)
+    sampler: Any = getattr(dataloader, "sampler", None)
     size = getattr(dataloader, "batch_size", None)
     if not hasattr(sampler, "set_start") or not isinstance(size, int) or size < 1:
         return None

@@ -187,15 +187,16 @@ class Runtime:
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
         """Skip gradient all-reduce on accumulation micro-steps."""
-        if skip_sync and self.distributed and hasattr(model, "no_sync"):
-            with model.no_sync():
+        wrapper: Any = model  # DDP (no_sync) or FSDP2 (set_requires_gradient_sync)
+        if skip_sync and self.distributed and hasattr(wrapper, "no_sync"):
+            with wrapper.no_sync():
                 yield
-        elif skip_sync and self.distributed and hasattr(model, "set_requires_gradient_sync"):
-            model.set_requires_gradient_sync(False)
+        elif skip_sync and self.distributed and hasattr(wrapper, "set_requires_gradient_sync"):
+            wrapper.set_requires_gradient_sync(False)
             try:
                 yield
             finally:
-                model.set_requires_gradient_sync(True)
+                wrapper.set_requires_gradient_sync(True)
         else:
             yield
 
@@ -308,10 +309,11 @@ def get_runtime(use_cpu: bool = False, backend: str | None = None, timeout_s: in
                     f"WORLD_SIZE={world_size} asks for several processes but {' and '.join(missing)} "
                     "is not set: launch with torchrun (or set MASTER_ADDR and MASTER_PORT)."
                 )
+            device_id: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
             dist.init_process_group(
                 backend=chosen,
                 timeout=datetime.timedelta(seconds=timeout_s),
-                **({"device_id": device} if device.type == "cuda" else {}),
+                **device_id,
             )
             owns = True
         else:

@@ -16,7 +16,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -24,6 +24,7 @@ from torch.utils.data import Dataset, IterableDataset
 
 from . import batch_size_finder, debug_underflow, device_cache, fsdp, hub, liger, neftune, training_checkpoint
 from . import data as data_utils
+from .accelerator_config import AcceleratorConfig
 from .args import TrainingArguments
 from .callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCallback
 from .enums import DebugOption
@@ -64,6 +65,9 @@ from .schedules import get_learning_rates, get_scheduler
 from .seed import enable_full_determinism, set_seed
 from .state import LoopCursor, TrainerControl, TrainerState, metric_improves
 
+if TYPE_CHECKING:
+    from .hpo import _Search
+
 logger = logging.getLogger(__name__)
 
 _NO_CONTEXT = contextlib.nullcontext()  # reusable: nullcontext keeps no state
@@ -80,8 +84,9 @@ def _nested_detach(x: Any) -> Any:
 
 def _same_mapping(original: Mapping, items: dict) -> Mapping:
     """`items` as the mapping type of `original` (BatchEncoding, UserDict, ...), else a dict."""
+    mapping_type: Any = type(original)  # a Mapping subclass, tried as a constructor from a dict
     try:
-        return type(original)(items)
+        return mapping_type(items)
     except (TypeError, ValueError):
         return items
 
@@ -101,7 +106,7 @@ class Trainer:
         processing_class: Any = None,
         model_init: Callable[..., nn.Module] | None = None,
         compute_loss_func: Callable | None = None,
-        compute_metrics: Callable[[EvalPrediction], dict] | None = None,
+        compute_metrics: Callable[..., dict] | None = None,  # (EvalPrediction[, compute_result=])
         callbacks: list[TrainerCallback | type[TrainerCallback]] | None = None,
         optimizers: tuple[torch.optim.Optimizer | None, Any] = (None, None),
         optimizer_cls_and_kwargs: tuple[type, dict] | None = None,
@@ -191,7 +196,7 @@ class Trainer:
         self.cursor = LoopCursor()
         self.scaler: torch.amp.GradScaler | None = None
         self.is_in_train = False
-        self.hp_search_backend = None
+        self.hp_search_backend: str | None = None
         self.neftune_noise_alpha = args.neftune_noise_alpha
         self._flops: FlopsEstimator | None = None
         self._trial = None
@@ -251,6 +256,8 @@ class Trainer:
 
     def call_model_init(self, trial: Any = None) -> nn.Module:
         """Build a fresh model with `model_init` (which may take the HP-search trial)."""
+        if self.model_init is None:
+            raise RuntimeError("call_model_init needs a `model_init`: pass Trainer(model_init=...).")
         n_args = len([p for p in _signature_params(self.model_init) if p.default is p.empty])
         model = self.model_init() if n_args == 0 else self.model_init(trial)
         if model is None:
@@ -357,6 +364,7 @@ class Trainer:
         if not self.args.remove_unused_columns or not _is_hf_dataset(dataset):
             return dataset
         self._set_signature_columns_if_needed()
+        assert self._signature_columns is not None  # set just above
         return data_utils.remove_unused_columns(dataset, set(self._signature_columns), description)
 
     def _get_collator_with_removed_columns(self, data_collator: Callable, description: str | None = None):
@@ -364,6 +372,7 @@ class Trainer:
         if not self.args.remove_unused_columns:
             return data_collator
         self._set_signature_columns_if_needed()
+        assert self._signature_columns is not None  # set just above
         return data_utils.RemoveColumnsCollator(
             data_collator, set(self._signature_columns), description=description
         )
@@ -406,10 +415,10 @@ class Trainer:
             if not isinstance(self.eval_dataset, dict) or eval_dataset not in self.eval_dataset:
                 raise ValueError(f"No eval dataset named {eval_dataset!r}.")
             eval_dataset = self.eval_dataset[eval_dataset]
-        eval_dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if eval_dataset is None:
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
             raise ValueError("Trainer: evaluation requires an eval_dataset.")
-        return self._inference_dataloader(eval_dataset, "evaluation")
+        return self._inference_dataloader(dataset, "evaluation")
 
     def get_test_dataloader(self, test_dataset: Dataset) -> torch.utils.data.DataLoader:
         return self._inference_dataloader(test_dataset, "test")
@@ -441,7 +450,9 @@ class Trainer:
         device = self.runtime.device
         if device.type == "cpu":
             return inputs  # batches are made on the CPU
-        non_blocking = device.type == "cuda" and self.args.accelerator_config.non_blocking
+        non_blocking = (  # accelerator_config: an AcceleratorConfig after TrainingArguments.__post_init__
+            device.type == "cuda" and cast(AcceleratorConfig, self.args.accelerator_config).non_blocking
+        )
         if isinstance(inputs, Mapping):
             return _same_mapping(inputs, {k: self._prepare_inputs(v) for k, v in inputs.items()})
         if isinstance(inputs, (list, tuple)):
@@ -480,12 +491,16 @@ class Trainer:
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         if self.lr_scheduler is None:
+            optimizer = optimizer or self.optimizer
+            if optimizer is None:
+                raise RuntimeError("create_scheduler needs an optimizer: call create_optimizer() first.")
             self.lr_scheduler = get_scheduler(
                 self.args.lr_scheduler_type,
-                optimizer=optimizer or self.optimizer,
+                optimizer=optimizer,
                 num_warmup_steps=self.args.get_warmup_steps(num_training_steps),
                 num_training_steps=num_training_steps,
-                scheduler_specific_kwargs=self.args.lr_scheduler_kwargs or {},
+                # a dict since TrainingArguments.__post_init__
+                scheduler_specific_kwargs=cast(dict[str, Any], self.args.lr_scheduler_kwargs) or {},
             )
             self._created_scheduler = True
         return self.lr_scheduler
@@ -644,7 +659,7 @@ class Trainer:
         return 2**62, args.max_steps, samples, samples, total_batch, 0, args.max_steps
 
     def _empty_training_message(self, dataloader: Any) -> str:
-        dataset = getattr(dataloader, "dataset", None)
+        dataset: Any = getattr(dataloader, "dataset", None)
         size = len(dataset) if data_utils.has_length(dataset) else "?"
         args = self.args
         return (
@@ -683,7 +698,10 @@ class Trainer:
         self.cursor = LoopCursor(steps_in_epoch=steps_in_epoch)
 
         if args.gradient_checkpointing:
-            _enable_activation_checkpointing(self.model, args.gradient_checkpointing_kwargs)
+            # a dict or None since TrainingArguments.__post_init__
+            _enable_activation_checkpointing(
+                self.model, cast("dict[str, Any] | None", args.gradient_checkpointing_kwargs)
+            )
         self.model_wrapped = self._wrap_model(self.model)
         if args.deepspeed:  # DeepSpeed: the engine wraps the model around the (Trainer's) optimizer
             from .deepspeed_engine import DeepSpeedRun
@@ -693,8 +711,13 @@ class Trainer:
         else:  # after wrapping: FSDP2 replaces the parameters with sharded ones
             self.create_optimizer_and_scheduler(num_training_steps=max_steps)
         if args.torch_compile:
-            self.model_wrapped = torch.compile(
-                self.model_wrapped, backend=args.torch_compile_backend, mode=args.torch_compile_mode
+            assert args.torch_compile_backend is not None  # __post_init__ sets "inductor" with torch_compile
+            # torch.compile of a module returns a module (OptimizedModule); torch types it as any callable
+            self.model_wrapped = cast(
+                nn.Module,
+                torch.compile(
+                    self.model_wrapped, backend=args.torch_compile_backend, mode=args.torch_compile_mode
+                ),
             )
         # DeepSpeed's engine does its own fp16 loss scaling.
         self.scaler = runtime.grad_scaler(bool(args.fp16) and self._deepspeed is None)
@@ -734,6 +757,8 @@ class Trainer:
             max_steps,
             self.get_num_trainable_parameters(),
         )
+        if self.optimizer is None:
+            raise RuntimeError("create_optimizer_and_scheduler() did not create Trainer.optimizer.")
         self.optimizer.zero_grad(set_to_none=True)
         start_time = self._start_time = time.time()
         self.control = handler.on_train_begin(args, self.state, self.control)
@@ -752,6 +777,7 @@ class Trainer:
 
     def _run_epoch(self, dataloader, epoch: int, max_steps: int, trial, ignore_keys_for_eval) -> None:
         args, cursor, handler = self.args, self.cursor, self.callback_handler
+        assert self.optimizer is not None  # created by _inner_training_loop before the first epoch
         ga = args.gradient_accumulation_steps
         batches = self._epoch_batches(dataloader, epoch)
         if self._past_state is not None:  # past_index: the memory starts empty each epoch (v4)
@@ -816,8 +842,9 @@ class Trainer:
 
     def _epoch_batches(self, dataloader, epoch: int):
         """This epoch's batches, starting after those a resumed run already consumed."""
-        sampler = getattr(dataloader, "sampler", None)
+        sampler: Any = getattr(dataloader, "sampler", None)
         dataset = getattr(dataloader, "dataset", None)
+        obj: Any
         for obj in (dataloader, sampler, getattr(dataloader, "batch_sampler", None), dataset):
             if hasattr(obj, "set_epoch"):
                 obj.set_epoch(epoch)
@@ -834,7 +861,11 @@ class Trainer:
         if self._deepspeed is not None:  # the engine reduces at the boundary it is told of
             self._deepspeed.set_boundary(not skip_sync)
             return _NO_CONTEXT
-        if skip_sync and self.runtime.distributed and not self.args.accelerator_config.sync_each_batch:
+        if (
+            skip_sync
+            and self.runtime.distributed
+            and not cast(AcceleratorConfig, self.args.accelerator_config).sync_each_batch
+        ):
             return self.runtime.no_sync(self.model_wrapped, skip_sync=True)
         return _NO_CONTEXT
 
@@ -857,7 +888,8 @@ class Trainer:
         distributed = self.runtime.distributed and self.args.average_tokens_across_devices
         if len(micro_batches) == 1 and not distributed:
             return None
-        total = sum(items_in_batch(b, self._label_shift) for b in micro_batches)
+        # a tensor: micro_batches is not empty (sum's type also allows its start, 0)
+        total = cast(torch.Tensor, sum(items_in_batch(b, self._label_shift) for b in micro_batches))
         if distributed:
             total = self.runtime.all_reduce(total.to(self.runtime.device))
         return total
@@ -938,8 +970,9 @@ class Trainer:
         if is_fused_backward(self.optimizer):
             return None  # LOMO clipped inside its backward (clip_grad_norm) and kept no gradients
         if self.scaler is not None:
+            assert self.optimizer is not None  # training has one
             self.scaler.unscale_(self.optimizer)
-        model = self.model_wrapped
+        model: Any = self.model_wrapped
         if hasattr(model, "clip_grad_norm_"):  # FSDP owns its clipping
             return model.clip_grad_norm_(self.args.max_grad_norm)
         return torch.nn.utils.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
@@ -951,6 +984,7 @@ class Trainer:
             return applied
         if is_fused_backward(self.optimizer):
             return True  # LOMO stepped inside the backward
+        assert self.optimizer is not None  # training has one
         if self.scaler is None:
             self.optimizer.step()
             return True
@@ -1032,6 +1066,7 @@ class Trainer:
             passes or self.compute_loss_func is not None or self.label_smoother is not None
         )
         if passes:
+            assert num_items_in_batch is not None  # passes checks it
             inputs = {**inputs, "num_items_in_batch": num_items_in_batch.to(self.runtime.device)}
         outputs = model(**inputs)
         if self._past_state is not None:
@@ -1040,6 +1075,7 @@ class Trainer:
             if self.compute_loss_func is not None:
                 loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
             else:
+                assert self.label_smoother is not None  # labels were popped for it
                 loss = self.label_smoother(
                     outputs, labels, shift_labels=self._label_shift, num_items_in_batch=num_items_in_batch
                 )
@@ -1060,6 +1096,7 @@ class Trainer:
     _probe_loss_kwargs = False
     _epoch_geometry: tuple[int, int] | None = None
     _signature_columns: list[str] | None = None
+    _hp_search: _Search | None  # hpo's search while one runs (hyperparameter_search sets it)
     _start_time: float | None = None
     _preemption: PreemptionGuard | None = None
     _eval_stops_on_preemption = False  # True while the loop's own evaluation runs (stops on preemption)
@@ -1238,13 +1275,16 @@ class Trainer:
 
         Every process calls it (a sharded model is gathered first); the writing process calls
         `_save`. Checkpoints write their weights through it too (`_internal_call=True`)."""
-        training_checkpoint.save_model(self, output_dir or self.args.output_dir)
+        output_dir = output_dir or self.args.output_dir
+        assert output_dir is not None  # TrainingArguments.__post_init__ fills output_dir in
+        training_checkpoint.save_model(self, output_dir)
         if self.args.push_to_hub and not _internal_call:  # documented: a user's save_model pushes
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         """Write weights (`state_dict`, else the model's), processing class and training_args.json."""
         output_dir = output_dir if output_dir is not None else self.args.output_dir
+        assert output_dir is not None  # TrainingArguments.__post_init__ fills output_dir in
         os.makedirs(output_dir, exist_ok=True)
         training_checkpoint.write_model(self, output_dir, state_dict=state_dict)
 
@@ -1258,6 +1298,7 @@ class Trainer:
         """Load the weights of `state.best_model_checkpoint` (load_best_model_at_end)."""
         best = self.state.best_model_checkpoint
         logger.info("Loading the best model from %s (score: %s).", best, self.state.best_metric)
+        assert best is not None  # called only when there is a best checkpoint
         self._load_from_checkpoint(best)
 
     def _overrides(self, name: str) -> bool:
@@ -1271,6 +1312,7 @@ class Trainer:
     def save_state(self) -> None:
         """Write trainer_state.json to output_dir (main process only)."""
         if self.is_world_process_zero():
+            assert self.args.output_dir is not None  # TrainingArguments.__post_init__ fills it in
             self.state.save_to_json(os.path.join(self.args.output_dir, "trainer_state.json"))
 
     def log_metrics(self, split: str, metrics: dict[str, float]) -> None:
@@ -1279,6 +1321,7 @@ class Trainer:
 
     def save_metrics(self, split: str, metrics: dict[str, float], combined: bool = True) -> None:
         """Write `<split>_results.json`, merged into `all_results.json` when combined."""
+        assert self.args.output_dir is not None  # TrainingArguments.__post_init__ fills it in
         _save_metrics(
             self.args.output_dir, split, metrics, combined, is_world_process_zero=self.is_world_process_zero()
         )
@@ -1374,7 +1417,7 @@ class Trainer:
     # ------------------------------------------------------------------ evaluate / predict
     def evaluate(
         self,
-        eval_dataset: Dataset | dict[str, Dataset] | None = None,
+        eval_dataset: Dataset | dict[str, Dataset] | str | None = None,
         ignore_keys: list[str] | None = None,
         metric_key_prefix: str = "eval",
     ) -> dict[str, float]:
@@ -1392,6 +1435,7 @@ class Trainer:
                 )
             return metrics
         self._memory_tracker.start("eval")
+        assert not isinstance(eval_dataset, dict)  # a dict of datasets was evaluated one by one above
         dataloader = self.get_eval_dataloader(eval_dataset)
         start = time.time()
         output = self.evaluation_loop(
@@ -1458,8 +1502,9 @@ class Trainer:
         if args.past_index >= 0:  # an evaluation has its own memory, starting empty (v4)
             self._past_state = self._past_state or PastState(args.past_index)
             training_past = self._past_state.swap()
-        if hasattr(self.optimizer, "eval") and callable(self.optimizer.eval):
-            self.optimizer.eval()
+        optimizer: Any = self.optimizer  # schedule-free optimizers have eval()/train()
+        if hasattr(optimizer, "eval") and callable(optimizer.eval):
+            optimizer.eval()
         self.callback_handler.eval_dataloader = dataloader
         include = set(args.include_for_metrics or [])
         gatherer = EvalGatherer(
@@ -1481,7 +1526,9 @@ class Trainer:
         )
         for step, inputs in enumerate(dataloader):
             if stop_on_preemption and self._preempted():
+                assert self._preemption is not None  # _preempted() says it asked
                 if args.past_index >= 0:
+                    assert self._past_state is not None  # made above for past_index >= 0
                     self._past_state.swap(training_past)
                 signal_name = getattr(self._preemption.requested, "name", "a preemption signal")
                 raise _EvaluationPreempted(
@@ -1511,6 +1558,7 @@ class Trainer:
             gatherer.add(loss=loss, batch_size=n, predictions=logits, labels=labels, inputs=model_inputs)
             if batch_metrics and logits is not None and labels is not None:
                 last = num_batches is not None and step == num_batches - 1
+                assert self.compute_metrics is not None  # batch_metrics checks it
                 metrics = self.compute_metrics(
                     EvalPrediction(predictions=logits, label_ids=labels, inputs=model_inputs),
                     compute_result=last,
@@ -1543,6 +1591,7 @@ class Trainer:
             if not key.startswith(f"{metric_key_prefix}_"):
                 metrics[f"{metric_key_prefix}_{key}"] = metrics.pop(key)
         if args.past_index >= 0:
+            assert self._past_state is not None  # made above for past_index >= 0
             self._past_state.swap(training_past)
         return EvalLoopOutput(
             predictions=result.predictions,
@@ -1569,6 +1618,7 @@ class Trainer:
             config = getattr(model, "config", None)
             ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", ["past_key_values"]) or [])
         labels = None
+        logits: Any
         if has_labels:
             found = tuple(_nested_detach(inputs.get(name)) for name in self.label_names)
             labels = found[0] if len(found) == 1 else found
@@ -1627,7 +1677,7 @@ def _forward_params(model: nn.Module) -> list[str]:
 
 def _real_rows(dataloader: Any) -> int | None:
     """How many of this process's evaluation rows are real samples (None when none are padding)."""
-    sampler = getattr(dataloader, "sampler", None)
+    sampler: Any = getattr(dataloader, "sampler", None)
     if not getattr(sampler, "num_padding", 0):
         return None
     return len(range(sampler.rank, sampler.num_samples, sampler.num_replicas))
@@ -1657,7 +1707,8 @@ def _enable_activation_checkpointing(model: nn.Module, kwargs: dict | None) -> N
     if enable is not None:
         enable(activation_checkpointing_kwargs=kwargs)
     elif hasattr(model, "gradient_checkpointing_enable"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        # transformers v4's name
+        cast(Any, model).gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     else:
         raise ValueError(
             f"gradient_checkpointing=True: {type(model).__name__} has no gradient_checkpointing_enable(); "

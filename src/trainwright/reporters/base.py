@@ -303,7 +303,7 @@ class _HistoryView(Sequence):
         return copy.deepcopy(list(self), memo)
 
 
-def _snapshot(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+def _snapshot(args: Sequence[Any], kwargs: dict) -> tuple[tuple, dict]:
     """An event's arguments as they are now, for a worker thread that runs it later: the state and
     control copied (the trainer changes them in place), `logs`/`metrics` copied; the model, data
     loaders and optimizer are passed as they are."""

@@ -74,7 +74,7 @@ class ClearMLCallback(Reporter):
         if self.offline and not Task.is_offline():
             # clearml reads CLEARML_OFFLINE_MODE once, when it is first imported
             Task.set_offline(offline_mode=True)
-        current = Task.current_task()
+        current: Any = Task.current_task()
         if current is not None:
             self.task, self._own_task = current, False
         else:

@@ -51,7 +51,7 @@ class DVCLiveCallback(Reporter):
     def _setup(self, args: Any, state: Any) -> None:
         from dvclive import Live
 
-        kwargs = {"dir": os.path.join(args.output_dir, "dvclive"), "save_dvc_exp": False}
+        kwargs: dict[str, Any] = {"dir": os.path.join(args.output_dir, "dvclive"), "save_dvc_exp": False}
         if state.global_step > 0:
             kwargs["resume"] = True
         kwargs.update(self.live_kwargs)

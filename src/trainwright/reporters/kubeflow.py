@@ -108,6 +108,7 @@ class KubeflowCallback(Reporter):
 
     def _post(self, status: dict[str, Any]) -> bool:
         """POST one status; False (warned once) when it could not be delivered."""
+        assert self.url is not None  # without it the reporter is disabled (or refused) in __init__
         try:
             token = self._read_token()
             body = json.dumps({"trainerStatus": status}).encode("utf-8")

@@ -8,7 +8,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
 from .base import (
@@ -63,7 +63,7 @@ class MLflowCallback(Reporter):
     """
 
     name = "mlflow"
-    requires = ("mlflow",)
+    requires: ClassVar[tuple[str, ...]] = ("mlflow",)
     pip_name = "mlflow-skinny"
     extra = "mlflow"
 
