@@ -198,3 +198,22 @@ def test_use_cpu_is_honoured_by_a_later_trainer_in_the_same_process(tmp_path):
     assert trainer(False).runtime.device.type == "cuda"
     assert trainer(True).runtime.device.type == "cpu"
     assert trainer(False).runtime.device.type == "cuda"
+
+
+def test_get_eval_dataloader_with_a_dict_of_datasets_asks_for_a_name(make_args):
+    data = {"a": RegressionDataset(length=8), "b": RegressionDataset(length=4)}
+    trainer = Trainer(model=RegressionModel(), args=make_args(), eval_dataset=data)
+    with pytest.raises(ValueError, match=r"dict of datasets \['a', 'b'\]: name one"):
+        trainer.get_eval_dataloader()
+    assert len(trainer.get_eval_dataloader("b").dataset) == 4
+    assert set(trainer.evaluate()) >= {"eval_a_loss", "eval_b_loss"}
+
+
+def test_model_card_of_a_relative_output_dir_is_named_after_the_folder(make_args, tmp_path, monkeypatch):
+    folder = tmp_path / "my-run"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    trainer = Trainer(model=RegressionModel(), args=make_args(output_dir="."))
+    trainer.create_model_card()
+    card = (folder / "README.md").read_text()
+    assert "# my-run" in card and "# None" not in card

@@ -347,7 +347,8 @@ def summary_from_trainer(trainer: Trainer, **kwargs: Any) -> TrainingSummary:
     output_dir = trainer.args.output_dir
     assert output_dir is not None  # TrainingArguments.__post_init__ fills it in
     model_name = kwargs.get("model_name")
-    model_name = (Path(output_dir).name if model_name is None else model_name) or finetuned_from
+    # the folder's own name, also for a relative output_dir such as "." (upstream writes "# None")
+    model_name = (Path(output_dir).resolve().name if model_name is None else model_name) or finetuned_from
     card_tags = _as_list(kwargs.get("tags"))
     if "generated_from_trainer" not in card_tags:
         card_tags = [*card_tags, "generated_from_trainer"]

@@ -418,6 +418,11 @@ class Trainer:
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("Trainer: evaluation requires an eval_dataset.")
+        if isinstance(dataset, dict):
+            raise ValueError(
+                f"eval_dataset is a dict of datasets {sorted(dataset)}: name one, get_eval_dataloader(name) "
+                "(evaluate() runs them all)."
+            )
         return self._inference_dataloader(dataset, "evaluation")
 
     def get_test_dataloader(self, test_dataset: Dataset) -> torch.utils.data.DataLoader:
