@@ -203,6 +203,14 @@ def test_objective_must_match_the_number_of_directions(make_trainer):
     assert trainer.hp_search_backend is None
 
 
+def test_a_list_objective_with_one_direction_is_refused_at_the_first_evaluation(make_trainer):
+    trainer, _ = make_trainer()  # evaluates during training: the objective is reported to optuna there
+    with pytest.raises(ValueError, match="with one direction it must return a number"):
+        trainer.hyperparameter_search(
+            hp_space=lr_space, n_trials=1, compute_objective=lambda m: [m["eval_loss"]]
+        )
+
+
 def test_bad_requests_fail_before_any_training(make_trainer, make_args):
     trainer, recorder = make_trainer()
     with pytest.raises(ValueError, match="optuna only"):
