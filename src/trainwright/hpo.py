@@ -113,7 +113,9 @@ def report_to_hp_search(trainer: Trainer, trial: Any, metrics: dict[str, float])
     if search is not None and search.multi_objective:
         return  # optuna cannot prune (nor take intermediate values of) a multi-objective trial
     if isinstance(objective, Sequence) and not isinstance(objective, str):
-        raise ValueError(f"compute_objective returned {objective!r}; with one direction it must return a number.")
+        raise ValueError(
+            f"compute_objective returned {objective!r}; with one direction it must return a number."
+        )
     trial.report(float(cast(float, objective)), step)  # one objective: a number
     if trial.should_prune():
         optuna = _import_optuna()
