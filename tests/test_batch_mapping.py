@@ -68,33 +68,27 @@ def gpt2_config():
     )
 
 
-def bert_cls():
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
+def bert_config(**kw):
+    return transformers.BertConfig(
         num_hidden_layers=1,
         hidden_size=32,
         num_attention_heads=2,
         intermediate_size=37,
         vocab_size=64,
-        num_labels=3,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
+        **kw,
     )
-    return transformers.BertForSequenceClassification(config)
+
+
+def bert_cls():
+    torch.manual_seed(0)
+    return transformers.BertForSequenceClassification(bert_config(num_labels=3))
 
 
 def bert_mlm():
     torch.manual_seed(0)
-    config = transformers.BertConfig(
-        num_hidden_layers=1,
-        hidden_size=32,
-        num_attention_heads=2,
-        intermediate_size=37,
-        vocab_size=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    return transformers.BertForMaskedLM(config)
+    return transformers.BertForMaskedLM(bert_config())
 
 
 def bart():
