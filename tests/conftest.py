@@ -104,6 +104,24 @@ def tiny_gpt2(vocab: int = 64, n_layer: int = 2, n_embd: int = 32, seed: int = 0
     return transformers.GPT2LMHeadModel(config)
 
 
+def tiny_t5():
+    """A 1-layer T5 (vocabulary 32) that generates: pad 0, eos 1, decoder start 0."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        vocab_size=32,
+        d_model=16,
+        d_kv=8,
+        d_ff=32,
+        num_layers=1,
+        num_heads=2,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
+    return transformers.T5ForConditionalGeneration(config)
+
+
 @pytest.fixture(autouse=True)
 def _quiet_logs():
     logging.getLogger("trainwright").setLevel(logging.WARNING)

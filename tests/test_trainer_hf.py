@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_gpt2
+from conftest import tiny_gpt2, tiny_t5
 
 from trainwright import Seq2SeqTrainer, Seq2SeqTrainingArguments, Trainer
 
@@ -90,22 +90,6 @@ def test_tokenizer_argument_is_an_alias_with_a_warning(make_args):
     with pytest.warns(FutureWarning, match="processing_class"):
         trainer = Trainer(model=tiny_gpt2(), args=make_args(), tokenizer=Tok())
     assert isinstance(trainer.processing_class, Tok)
-
-
-def tiny_t5():
-    torch.manual_seed(0)
-    config = transformers.T5Config(
-        vocab_size=32,
-        d_model=16,
-        d_kv=8,
-        d_ff=32,
-        num_layers=1,
-        num_heads=2,
-        decoder_start_token_id=0,
-        pad_token_id=0,
-        eos_token_id=1,
-    )
-    return transformers.T5ForConditionalGeneration(config)
 
 
 def test_seq2seq_predict_with_generate(tmp_path):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import RegressionDataset, RegressionModel
+from conftest import RegressionDataset, RegressionModel, tiny_t5
 
 from trainwright import Seq2SeqTrainer, Seq2SeqTrainingArguments, Trainer
 from trainwright.data import default_data_collator
@@ -83,22 +83,6 @@ def test_label_smoothing_is_off_for_multi_label_classification(make_args):
         transformers.BertConfig(**{**config.to_dict(), "problem_type": "single_label_classification"})
     )
     assert Trainer(model=single, args=make_args(label_smoothing_factor=0.1)).label_smoother is not None
-
-
-def tiny_t5():
-    torch.manual_seed(0)
-    config = transformers.T5Config(
-        vocab_size=32,
-        d_model=16,
-        d_kv=8,
-        d_ff=16,
-        num_layers=1,
-        num_heads=2,
-        decoder_start_token_id=0,
-        pad_token_id=0,
-        eos_token_id=1,
-    )
-    return transformers.T5ForConditionalGeneration(config)
 
 
 def seq2seq_args(tmp_path, **kw):
