@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from trainwright.events import TrainerCallback
+from trainwright.core.events import TrainerCallback
 
 
 def add_threads_argument(parser: Any) -> None:

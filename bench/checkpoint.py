@@ -54,8 +54,9 @@ from _common import MethodTimer, StepClock, add_threads_argument, apply_threads,
 from overhead import MLP, TokenData, gpt_model
 from torch.utils.data import DataLoader, Dataset
 
-from trainwright import Trainer, TrainingArguments, training_checkpoint
-from trainwright.events import TrainerCallback
+from trainwright import Trainer, TrainingArguments
+from trainwright.core.events import TrainerCallback
+from trainwright.loop import checkpointing as training_checkpoint
 
 quiet()
 
@@ -72,7 +73,7 @@ def gpt2_100mb() -> torch.nn.Module:
 
 
 def tinygpt_100mb() -> torch.nn.Module:
-    from trainwright.tinygpt import TinyGPT, TinyGPTConfig
+    from trainwright.app.tinygpt import TinyGPT, TinyGPTConfig
 
     return TinyGPT(TinyGPTConfig(vocab_size=16384, block_size=256, n_layer=6, n_embd=512, n_head=8))
 
@@ -155,7 +156,7 @@ def trainwright_save(trainer: Trainer) -> float:
 
 def save_without_checksums(trainer: Trainer) -> float:
     """The same save with the checksum computation switched off, to measure what it adds."""
-    from trainwright import checkpoint as ckpt_module
+    from trainwright.checkpoint import folder as ckpt_module
 
     real = ckpt_module.file_checksum
     ckpt_module.file_checksum = lambda path: ""

@@ -36,10 +36,10 @@ def _free_port() -> int:
 def _worker(cfg: dict) -> None:
     import torch
 
-    from trainwright.args import TrainingArguments
-    from trainwright.events import TrainerCallback
-    from trainwright.tinygpt import TinyGPT, TinyGPTConfig
-    from trainwright.trainer import Trainer
+    from trainwright.app.tinygpt import TinyGPT, TinyGPTConfig
+    from trainwright.args.training_args import TrainingArguments
+    from trainwright.core.events import TrainerCallback
+    from trainwright.loop.trainer import Trainer
 
     torch.set_num_threads(cfg["threads"])
     world = int(os.environ.get("WORLD_SIZE", "1"))

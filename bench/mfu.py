@@ -19,7 +19,7 @@ from _common import load_average, quiet
 from torch.utils.data import Dataset
 
 from trainwright import SpeedMonitor, Trainer, TrainingArguments
-from trainwright.flops import estimate_6n_flops
+from trainwright.observe.flops import estimate_6n_flops
 
 
 class Tokens(Dataset):

@@ -13,7 +13,7 @@
    Then one more monitored run times the monitor's and the reporter's hooks (median per call, so
    a preemption by another process does not count) to show where the on/off gap comes from.
 
-2. FLOPs. `trainwright.flops.count_flops` (one forward + backward counted on a fake-tensor copy)
+2. FLOPs. `trainwright.observe.flops.count_flops` (one forward + backward counted on a fake-tensor copy)
    on transformers GPT2LMHeadModel configs, against `estimate_6n_flops` (6 x non-embedding
    parameters x tokens) and against the analytic count derived here. Per token, with L layers,
    width d, sequence length S, vocabulary V, and 2 FLOPs per multiply-add:
@@ -53,7 +53,7 @@ from overhead import MLP, TokenData, VecData
 
 from trainwright import Trainer, TrainingArguments
 from trainwright.callbacks import SpeedMonitor
-from trainwright.flops import FlopsEstimator, count_flops, estimate_6n_flops, non_embedding_parameters
+from trainwright.observe.flops import FlopsEstimator, count_flops, estimate_6n_flops, non_embedding_parameters
 
 quiet()
 
@@ -66,7 +66,7 @@ def small_gpt() -> torch.nn.Module:
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
     except ImportError:
-        from trainwright.tinygpt import TinyGPT, TinyGPTConfig
+        from trainwright.app.tinygpt import TinyGPT, TinyGPTConfig
 
         return TinyGPT(TinyGPTConfig(block_size=128, n_layer=2, n_embd=128, n_head=4))
     cfg = GPT2Config(

@@ -75,13 +75,13 @@ def gpt_model():
         cfg = GPT2Config(n_layer=2, n_embd=256, n_head=4, vocab_size=256, n_positions=128, use_cache=False)
         return GPT2LMHeadModel(cfg), "transformers GPT2LMHeadModel"
     except ImportError:
-        from trainwright.tinygpt import TinyGPT, TinyGPTConfig
+        from trainwright.app.tinygpt import TinyGPT, TinyGPTConfig
 
         return TinyGPT(TinyGPTConfig(block_size=128, n_layer=2, n_embd=256, n_head=4)), "trainwright TinyGPT"
 
 
 def make_optimizer(model):
-    from trainwright.optim import get_decay_parameter_names
+    from trainwright.optim.optimizers import get_decay_parameter_names
 
     decay = set(get_decay_parameter_names(model))
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]

@@ -15,7 +15,7 @@ import dist_job
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from trainwright import runtime as runtime_module
+from trainwright.distributed import runtime as runtime_module
 
 SYNCS: list[int] = []
 DDP: dict = {}

@@ -130,7 +130,7 @@ def _quiet_logs():
 
 @pytest.fixture
 def make_args(tmp_path):
-    from trainwright.args import TrainingArguments
+    from trainwright.args.training_args import TrainingArguments
 
     def make(**kw):
         kw.setdefault("output_dir", str(tmp_path / "out"))

@@ -28,11 +28,11 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from trainwright.args import TrainingArguments
-from trainwright.data import pad_sequence_collator
-from trainwright.events import TrainerCallback
-from trainwright.tinygpt import TinyGPT, TinyGPTConfig
-from trainwright.trainer import Trainer
+from trainwright.app.tinygpt import TinyGPT, TinyGPTConfig
+from trainwright.args.training_args import TrainingArguments
+from trainwright.core.events import TrainerCallback
+from trainwright.data.loading import pad_sequence_collator
+from trainwright.loop.trainer import Trainer
 
 VOCAB = 32
 

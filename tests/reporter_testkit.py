@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from trainwright.args import TrainingArguments
-from trainwright.events import CallbackHandler
-from trainwright.state import TrainerControl, TrainerState
+from trainwright.args.training_args import TrainingArguments
+from trainwright.core.events import CallbackHandler
+from trainwright.core.state import TrainerControl, TrainerState
 
 
 @dataclasses.dataclass
@@ -56,7 +56,7 @@ def write_checkpoint(output_dir: Any, step: int) -> str:
 
 def handler_for(callbacks: Sequence[Any], model: Any = None) -> CallbackHandler:
     # The handler warns when no DefaultFlowCallback is present; these tests drive flags themselves.
-    logger = logging.getLogger("trainwright.events")
+    logger = logging.getLogger("trainwright.core.events")
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from trainwright import Trainer, TrainingArguments
-from trainwright.accelerator_config import AcceleratorConfig
-from trainwright.runtime import Runtime
+from trainwright.args.accelerator_config import AcceleratorConfig
+from trainwright.distributed.runtime import Runtime
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

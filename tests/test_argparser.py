@@ -1,4 +1,4 @@
-"""Tests for trainwright.argparser (HfArgumentParser-compatible dataclass parsing)."""
+"""Tests for trainwright.args.parser (HfArgumentParser-compatible dataclass parsing)."""
 
 # String annotations on purpose: every dataclass below goes through typing.get_type_hints.
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Literal, Optional, Union
 import pytest
 import yaml
 
-from trainwright.argparser import HfArg, HfArgumentParser, string_to_bool
+from trainwright.args.parser import HfArg, HfArgumentParser, string_to_bool
 
 
 class Color(Enum):
@@ -589,7 +589,7 @@ def test_parse_yaml_file(tmp_path):
 
 
 def test_training_arguments_round_trip(tmp_path):
-    args_mod = pytest.importorskip("trainwright.args")
+    args_mod = pytest.importorskip("trainwright.args.training_args")
     parser = HfArgumentParser(args_mod.TrainingArguments)
     out = str(tmp_path / "out")
     (ta,) = parser.parse_args_into_dataclasses(

@@ -12,14 +12,13 @@ import warnings
 import pytest
 import torch
 
-import trainwright.args as args_mod
-from trainwright import runtime as runtime_module
-from trainwright.args import (
+import trainwright.args.training_args as args_mod
+from trainwright.args.training_args import (
     V4_V5_CHOICES,
     Seq2SeqTrainingArguments,
     TrainingArguments,
 )
-from trainwright.enums import (
+from trainwright.core.enums import (
     DebugOption,
     FSDPOption,
     HubStrategy,
@@ -29,6 +28,7 @@ from trainwright.enums import (
     SaveStrategy,
     SchedulerType,
 )
+from trainwright.distributed import runtime as runtime_module
 
 
 @pytest.fixture(autouse=True)
@@ -178,7 +178,7 @@ def test_scheduler_names():
 def test_optimizer_names():
     for name in ("adamw_torch", "adamw_torch_fused", "adafactor", "sgd", "adagrad", "rmsprop"):
         assert make(optim=name).optim == name
-    assert make(optim="adamw_bnb_8bit").optim == "adamw_bnb_8bit"  # built by trainwright.optim_extra
+    assert make(optim="adamw_bnb_8bit").optim == "adamw_bnb_8bit"  # built by trainwright.optim.extra
     with pytest.raises(ValueError, match="optim='adamw_quantum'.*adamw_torch_fused"):
         make(optim="adamw_quantum")
 
@@ -873,7 +873,7 @@ def test_place_model_on_device():
 def test_compatibility_doc_lists_every_v4_v5_choice():
     import pathlib
 
-    from trainwright.args import V4_V5_CHOICES
+    from trainwright.args.training_args import V4_V5_CHOICES
 
     doc = (pathlib.Path(__file__).parent.parent / "docs" / "compatibility.md").read_text()
     missing = [k for k in V4_V5_CHOICES if f"| `{k}` |" not in doc]

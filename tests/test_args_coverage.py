@@ -16,7 +16,7 @@ import pathlib
 
 import pytest
 
-from trainwright.args import Seq2SeqTrainingArguments, TrainingArguments
+from trainwright.args.training_args import Seq2SeqTrainingArguments, TrainingArguments
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -14,10 +14,11 @@ from conftest import DropoutMLP, RegressionDataset, RegressionModel, VectorDatas
 from torch import nn
 from torch.utils.data import Dataset
 
-from trainwright import Trainer, TrainerCallback, device_cache
-from trainwright import runtime as runtime_mod
-from trainwright.batch_size_finder import should_reduce_batch_size
-from trainwright.debug_underflow import UnderflowOverflowError
+from trainwright import Trainer, TrainerCallback
+from trainwright.distributed import device_cache
+from trainwright.distributed import runtime as runtime_mod
+from trainwright.loop.batch_size_finder import should_reduce_batch_size
+from trainwright.modeling.debug_underflow import UnderflowOverflowError
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None
@@ -319,7 +320,7 @@ def tiny_llama(seed: int = 0):
 @pytest.mark.skipif(not (HAS_LIGER and HAS_CUDA), reason="liger-kernel's Triton kernels need a GPU")
 def test_use_liger_kernel_patches_a_llama_and_trains(tmp_path, fresh_runtime):
     from trainwright import TrainingArguments
-    from trainwright.liger import is_applied
+    from trainwright.modeling.liger import is_applied
 
     def run(use_liger):
         model = tiny_llama()

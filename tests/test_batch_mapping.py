@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import Dataset
 
 from trainwright import Trainer
-from trainwright.data import default_data_collator
+from trainwright.data.loading import default_data_collator
 
 transformers = pytest.importorskip("transformers")
 BatchEncoding = transformers.BatchEncoding
@@ -203,7 +203,7 @@ def test_kwargs_model_that_divides_by_num_items_is_passed_it(make_args):
 
 
 def test_measurement_leaves_model_mode_and_rng_untouched():
-    from trainwright.loss import loss_honours_num_items
+    from trainwright.modeling.loss import loss_honours_num_items
 
     model = bert_mlm()
     model.train()
@@ -247,7 +247,7 @@ def test_packed_batches_count_their_sequences(make_args):
     out = trainer.train()
     assert trainer.cursor.samples_seen == 10
     assert out.metrics["train_samples_per_second"] > 0
-    from trainwright.loss import batch_size
+    from trainwright.modeling.loss import batch_size
 
     batch = DataCollatorWithFlattening()([Features()[i] for i in range(3)])
     assert batch_size(batch) == 3

@@ -14,8 +14,8 @@ from tqdm.std import tqdm as tqdm_std
 from trainwright.callbacks.early_stopping import EarlyStoppingCallback
 from trainwright.callbacks.flow import DefaultFlowCallback
 from trainwright.callbacks.progress import PrinterCallback, ProgressCallback, format_logs
-from trainwright.events import CallbackHandler, TrainerCallback
-from trainwright.state import TrainerControl, TrainerState
+from trainwright.core.events import CallbackHandler, TrainerCallback
+from trainwright.core.state import TrainerControl, TrainerState
 
 
 def make_args(**overrides):

@@ -24,7 +24,7 @@ import warnings
 import pytest
 import torch
 
-from trainwright import checkpoint as ckpt
+from trainwright.checkpoint import folder as ckpt
 
 _ZYGOTE = textwrap.dedent(
     """
@@ -32,7 +32,7 @@ _ZYGOTE = textwrap.dedent(
     import torch
 
     torch.set_num_threads(1)  # no thread pools: forking below stays safe
-    from trainwright import checkpoint as ckpt
+    from trainwright.checkpoint import folder as ckpt
 
     WIDTH = int(sys.argv[1])
 

@@ -10,7 +10,7 @@ import torch
 from conftest import RegressionDataset, RegressionModel
 
 from trainwright import Trainer
-from trainwright import checkpoint as ckpt
+from trainwright.checkpoint import folder as ckpt
 
 
 def run(make_args, **kw):
@@ -100,7 +100,7 @@ def test_symlinked_files_and_folders_are_refused(make_args, tmp_path):
 
 
 def test_a_shard_index_that_points_outside_is_refused(tmp_path):
-    from trainwright.checkpoint_io import CheckpointError, load_model_weights
+    from trainwright.checkpoint.files import CheckpointError, load_model_weights
 
     folder = tmp_path / "ckpt"
     folder.mkdir()

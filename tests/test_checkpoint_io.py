@@ -20,8 +20,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from trainwright import checkpoint as ckpt
-from trainwright import checkpoint_io
+from trainwright.checkpoint import files as checkpoint_io
+from trainwright.checkpoint import folder as ckpt
 
 
 # -- helpers -------------------------------------------------------------------------------------------
@@ -757,8 +757,8 @@ def test_deletion_hides_the_folder_before_removing_it(tmp_path, monkeypatch):
 _TWO_RANKS = textwrap.dedent(
     """
     import errno, os, sys
-    from trainwright import checkpoint as ckpt
-    from trainwright.runtime import get_runtime
+    from trainwright.checkpoint import folder as ckpt
+    from trainwright.distributed.runtime import get_runtime
 
     out = sys.argv[1]
     rt = get_runtime(use_cpu=True)

@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from trainwright.cli import main
+from trainwright.app.cli import main
 
 
 def test_help_and_unknown_command(capsys):
@@ -20,7 +20,7 @@ def test_help_and_unknown_command(capsys):
 
 
 def test_demo_runs_a_real_short_training(tmp_path):
-    from trainwright.demo import run_demo
+    from trainwright.app.demo import run_demo
 
     summary = run_demo(
         output_dir=str(tmp_path / "demo"), max_steps=30, eval_steps=30, save_steps=30, logging_steps=10
@@ -77,7 +77,7 @@ def test_train_command_from_yaml_with_flag_override(tmp_path):
 
 
 def test_train_command_reports_a_missing_file(tmp_path):
-    from trainwright.train_script import run_train
+    from trainwright.app.train_script import run_train
 
     with pytest.raises(FileNotFoundError, match="nope.txt"):
         run_train(

@@ -17,8 +17,8 @@ pytest.importorskip("deepspeed", reason="deepspeed is not installed (optional ex
 
 from test_distributed import JOB, assert_close_weights, torchrun, weights  # noqa: E402
 
-from trainwright.args import TrainingArguments  # noqa: E402
-from trainwright.deepspeed_engine import ENGINE_DIR, fill_config  # noqa: E402
+from trainwright.args.training_args import TrainingArguments  # noqa: E402
+from trainwright.distributed.deepspeed import ENGINE_DIR, fill_config  # noqa: E402
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # inherited by the torchrun workers
 SGD = {"optim": "sgd", "optim_args": "momentum=0.9", "learning_rate": 0.1}

@@ -7,7 +7,7 @@ import importlib.util
 import json
 import os
 
-from trainwright.demo import run_demo, speed_window
+from trainwright.app.demo import run_demo, speed_window
 
 
 def test_every_training_row_of_the_demo_has_throughput(tmp_path):

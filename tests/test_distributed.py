@@ -32,8 +32,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainwright import checkpoint as ckpt
-from trainwright.fsdp import MODEL_DIR, OPTIMIZER_DIR, _wrap_units, load_sharded
+from trainwright.checkpoint import folder as ckpt
+from trainwright.distributed.fsdp import MODEL_DIR, OPTIMIZER_DIR, _wrap_units, load_sharded
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, "dist_job.py")
@@ -288,8 +288,8 @@ def test_replicas_log_at_warning_and_wait_for_main_process_first(two_proc):
     assert replica["saw_marker"] is True  # entered main_process_first only after rank 0 left it
     with open(os.path.join(two_proc, "launcher.log")) as f:
         log = f.read()
-    assert "R0 trainwright.trainer INFO ***** Running training" in log
-    assert "R1 trainwright.trainer INFO" not in log
+    assert "R0 trainwright.loop.trainer INFO ***** Running training" in log
+    assert "R1 trainwright.loop.trainer INFO" not in log
 
 
 def test_ddp_arguments_reach_distributed_data_parallel(two_proc):
@@ -562,17 +562,17 @@ def test_fsdp_auto_wrap_errors_name_the_setting():
 
 
 def test_one_process_with_fsdp_trains_unsharded(make_args, caplog):
-    from trainwright.runtime import get_runtime
+    from trainwright.distributed.runtime import get_runtime
 
     runtime = get_runtime(use_cpu=True)
     model = dist_job.build_model("mlp")
-    with caplog.at_level("WARNING", logger="trainwright.runtime"):
+    with caplog.at_level("WARNING", logger="trainwright.distributed.runtime"):
         assert runtime.world_size == 1 and runtime.wrap_model(model, make_args(fsdp="full_shard")) is model
     assert "this is one process: training without sharding" in caplog.text
 
 
 def test_fsdp_refuses_a_prebuilt_optimizer(make_args):
-    from trainwright.trainer import Trainer
+    from trainwright.loop.trainer import Trainer
 
     model = dist_job.build_model("mlp")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -583,15 +583,15 @@ def test_fsdp_refuses_a_prebuilt_optimizer(make_args):
 def test_world_size_without_a_rendezvous_address_is_a_clear_error():
     env = {**_env(), "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
     env.pop("MASTER_ADDR", None)
-    code = "from trainwright.runtime import get_runtime; get_runtime(use_cpu=True)"
+    code = "from trainwright.distributed.runtime import get_runtime; get_runtime(use_cpu=True)"
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "MASTER_ADDR and MASTER_PORT is not set: launch with torchrun" in proc.stderr
 
 
 def test_uncaught_errors_reach_torchelastics_error_file(tmp_path, monkeypatch):
-    from trainwright import runtime
-    from trainwright.runtime import _error_file_hook
+    from trainwright.distributed import runtime
+    from trainwright.distributed.runtime import _error_file_hook
 
     monkeypatch.setattr(runtime, "_FAILED", False)  # the hook marks the process as failing
     path = tmp_path / "error.json"
@@ -632,7 +632,7 @@ def test_fsdp_transformers_model_saves_a_loadable_consolidated_checkpoint(tmp_pa
 
 
 def test_fsdp_config_keys_without_effect_are_named():
-    from trainwright.fsdp import _check_config
+    from trainwright.distributed.fsdp import _check_config
 
     with pytest.warns(UserWarning, match=r"backward_prefetch, bogus \(unknown\)\. Used keys"):
         _check_config({"backward_prefetch": "BACKWARD_PRE", "bogus": 1, "min_num_params": 10})

@@ -27,9 +27,11 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from trainwright import Trainer, TrainerCallback, TrainingArguments, checkpoint_io, output_lock
-from trainwright import checkpoint as ckpt
-from trainwright.output_lock import LOCK_NAME, OutputDirError, OutputDirInUseError
+from trainwright import Trainer, TrainerCallback, TrainingArguments
+from trainwright.checkpoint import files as checkpoint_io
+from trainwright.checkpoint import folder as ckpt
+from trainwright.checkpoint import output_lock
+from trainwright.checkpoint.output_lock import LOCK_NAME, OutputDirError, OutputDirInUseError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, "fault_job.py")

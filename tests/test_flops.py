@@ -11,8 +11,8 @@ import torch
 from conftest import tiny_gpt2
 from torch import nn
 
-from trainwright import flops
-from trainwright.flops import (
+from trainwright.observe import flops
+from trainwright.observe.flops import (
     PEAK_FLOPS,
     FlopsEstimator,
     count_flops,
@@ -20,7 +20,7 @@ from trainwright.flops import (
     get_peak_flops,
     match_device,
 )
-from trainwright.memory import TrainerMemoryTracker
+from trainwright.observe.memory import TrainerMemoryTracker
 
 T = 1e12
 
@@ -259,7 +259,7 @@ class DataDependent(nn.Module):
 
 
 def test_count_flops_returns_none_when_the_model_cannot_run_on_fake_tensors(caplog):
-    caplog.set_level(logging.WARNING, logger="trainwright.flops")
+    caplog.set_level(logging.WARNING, logger="trainwright.observe.flops")
     assert count_flops(DataDependent(), {"x": torch.randn(2, 8)}) is None
     assert "FLOP counting failed for DataDependent" in caplog.text
 
@@ -320,7 +320,7 @@ def test_6n_estimate_uses_non_embedding_parameters_and_tokens():
 
 
 def test_model_flops_per_batch_comes_first(caplog):
-    caplog.set_level(logging.INFO, logger="trainwright.flops")
+    caplog.set_level(logging.INFO, logger="trainwright.observe.flops")
 
     class WithMethod(MLP):
         def flops_per_batch(self, batch):
@@ -348,7 +348,7 @@ def test_floating_point_ops_comes_second():
 
 
 def test_counter_is_used_and_cached_per_batch_shape(caplog):
-    caplog.set_level(logging.INFO, logger="trainwright.flops")
+    caplog.set_level(logging.INFO, logger="trainwright.observe.flops")
     model = MLP()
     wrapped = nn.DataParallel(model)  # wrappers are looked through
     estimator = FlopsEstimator(wrapped)
@@ -371,7 +371,7 @@ def test_counter_is_used_and_cached_per_batch_shape(caplog):
 
 
 def test_six_n_is_the_last_fallback_and_counting_is_not_retried(caplog):
-    caplog.set_level(logging.INFO, logger="trainwright.flops")
+    caplog.set_level(logging.INFO, logger="trainwright.observe.flops")
     model = DataDependent()
     estimator = FlopsEstimator(model)
     DataDependent.forwards = 0
@@ -384,7 +384,7 @@ def test_six_n_is_the_last_fallback_and_counting_is_not_retried(caplog):
 
 
 def test_shapes_beyond_the_counting_limit_use_6n(caplog):
-    caplog.set_level(logging.WARNING, logger="trainwright.flops")
+    caplog.set_level(logging.WARNING, logger="trainwright.observe.flops")
     model = MLP()
     estimator = FlopsEstimator(model, max_counted_shapes=1)
     assert estimator(_mlp_batch(2)) == count_flops(model, _mlp_batch(2))

@@ -11,7 +11,7 @@ from conftest import DropoutMLP, RegressionDataset, RegressionModel, VectorDatas
 from torch.utils.data import SequentialSampler
 
 from trainwright import Trainer
-from trainwright.metrics import TrainOutput
+from trainwright.observe.metrics import TrainOutput
 
 
 def make(trainer_cls, make_args, **kw):

@@ -12,15 +12,15 @@ from conftest import RegressionDataset, RegressionModel
 
 optuna = pytest.importorskip("optuna")
 
-from trainwright.events import TrainerCallback  # noqa: E402
-from trainwright.hpo import (  # noqa: E402
+from trainwright.core.events import TrainerCallback  # noqa: E402
+from trainwright.loop.hpo import (  # noqa: E402
     args_for_trial,
     default_compute_objective,
     default_hp_space_optuna,
     trial_run_name,
 )
-from trainwright.metrics import BestRun  # noqa: E402
-from trainwright.trainer import Trainer  # noqa: E402
+from trainwright.loop.trainer import Trainer  # noqa: E402
+from trainwright.observe.metrics import BestRun  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

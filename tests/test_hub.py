@@ -19,8 +19,8 @@ import pytest
 from test_model_card import TokenDataset, tiny_gpt2
 
 from trainwright import Trainer, TrainerCallback, TrainingArguments
-from trainwright.hub import HubError
-from trainwright.model_card import read_metadata
+from trainwright.loop.hub import HubError
+from trainwright.loop.model_card import read_metadata
 
 huggingface_hub = pytest.importorskip("huggingface_hub")
 from huggingface_hub import HfApi, RepoUrl  # noqa: E402
@@ -269,9 +269,9 @@ def test_failed_background_push_is_logged(tmp_path, monkeypatch, caplog):
 
     monkeypatch.setattr(_http, "time", types.SimpleNamespace(sleep=lambda seconds: None))
     trainer = make_trainer(tmp_path, max_steps=2)
-    with caplog.at_level("ERROR", logger="trainwright.hub"):
+    with caplog.at_level("ERROR", logger="trainwright.loop.hub"):
         trainer.train()  # training goes on; train() waits for the failed upload
-    messages = [r.getMessage() for r in caplog.records if r.name == "trainwright.hub"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "trainwright.loop.hub"]
     assert any(
         "push_to_hub=True / hub_model_id='me/tiny-hub': Training in progress, step 2 failed" in m
         and "could not reach the Hugging Face Hub" in m
@@ -298,7 +298,7 @@ def test_no_network_user_script_gets_a_clear_error(tmp_path):
     )
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("trainwright.hub.HubError: push_to_hub=True / hub_model_id='me/tiny': ")
+    assert last.startswith("trainwright.loop.hub.HubError: push_to_hub=True / hub_model_id='me/tiny': ")
     assert "could not reach the Hugging Face Hub (ConnectError" in last
     assert "AttributeError" not in done.stderr
 

@@ -15,8 +15,8 @@ from reporter_testkit import TinyModel, make_args, make_state
 import trainwright
 from trainwright import integrations, trainer_utils
 from trainwright.callbacks import EarlyStoppingCallback
+from trainwright.core.state import ExportableState, TrainerControl
 from trainwright.reporters import Reporter
-from trainwright.state import ExportableState, TrainerControl
 
 transformers = pytest.importorskip("transformers")
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from trainwright import memory
-from trainwright.memory import TrainerMemoryTracker
+from trainwright.observe import memory
+from trainwright.observe.memory import TrainerMemoryTracker
 
 MB = 2**20
 SIZE = 200 * MB
@@ -34,7 +34,7 @@ def _cpu_keys(metrics: dict, stage: str) -> tuple[int, int]:
 
 @needs_clear_refs
 def test_freed_temporary_buffer_shows_as_exact_peak(caplog):
-    caplog.set_level(logging.INFO, logger="trainwright.memory")
+    caplog.set_level(logging.INFO, logger="trainwright.observe.memory")
     memory._logged_methods.clear()
     tracker = TrainerMemoryTracker(skip_memory_metrics=False)
     assert tracker.cpu_peak_method == "vmhwm"
@@ -141,7 +141,7 @@ def test_skipped_tracker_does_nothing(monkeypatch):
 
 
 def test_sampling_fallback_catches_a_buffer_held_for_a_while(monkeypatch, tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="trainwright.memory")
+    caplog.set_level(logging.INFO, logger="trainwright.observe.memory")
     memory._logged_methods.clear()
     # the same failure as a kernel without clear_refs or a sandbox that forbids it
     monkeypatch.setattr(memory, "_CLEAR_REFS", str(tmp_path / "missing" / "clear_refs"))

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from trainwright import metrics as M
-from trainwright.metrics import (
+from trainwright.core.state import TrainerState
+from trainwright.observe import metrics as M
+from trainwright.observe.metrics import (
     BestRun,
     EvalAccumulator,
     EvalLoopOutput,
@@ -29,7 +30,6 @@ from trainwright.metrics import (
     save_state,
     speed_metrics,
 )
-from trainwright.state import TrainerState
 
 SAMPLE = {
     "train_runtime": 3725.456,

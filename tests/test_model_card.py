@@ -12,7 +12,7 @@ import yaml
 from conftest import RegressionDataset, RegressionModel
 
 from trainwright import Trainer, TrainingArguments
-from trainwright.model_card import make_markdown_table, parse_log_history, read_metadata
+from trainwright.loop.model_card import make_markdown_table, parse_log_history, read_metadata
 
 transformers = pytest.importorskip("transformers")
 
@@ -98,7 +98,7 @@ def test_card_equals_transformers_training_summary(tmp_path, monkeypatch):
     """Everything but the framework versions is what transformers writes for the same run."""
     from transformers import modelcard
 
-    from trainwright.enums import ParallelMode
+    from trainwright.core.enums import ParallelMode
 
     # upstream compares args.parallel_mode with its own (plain) Enum members: give it ours
     monkeypatch.setattr(modelcard, "ParallelMode", ParallelMode)
@@ -252,7 +252,7 @@ def test_dataset_named_by_a_hub_datasets_dataset(tmp_path, monkeypatch):
     datasets = pytest.importorskip("datasets")
     from transformers import modelcard
 
-    from trainwright.enums import ParallelMode
+    from trainwright.core.enums import ParallelMode
 
     monkeypatch.setattr(modelcard, "ParallelMode", ParallelMode)
     rows = {"input_ids": TokenDataset(8, seed=1).ids.tolist()}

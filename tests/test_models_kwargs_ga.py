@@ -24,7 +24,7 @@ from hf_fixtures import (
 )
 
 from trainwright import Trainer, TrainingArguments
-from trainwright.data import pad_sequence_collator
+from trainwright.data.loading import pad_sequence_collator
 
 tokenizer, tokenizer_dir = hf_fixtures.tokenizer, hf_fixtures.tokenizer_dir  # session fixtures
 datasets = hf_fixtures.datasets
@@ -167,7 +167,7 @@ def full_batch_loss(tok, variant: str, rows, collator, label_smoothing: float = 
         out = model(**{k: v for k, v in batch.items() if k in keep})
     if not label_smoothing:
         return float(out["loss"])
-    from trainwright.loss import LabelSmoother
+    from trainwright.modeling.loss import LabelSmoother
 
     return float(LabelSmoother(label_smoothing)(out, batch["labels"]))
 

@@ -12,7 +12,7 @@ from conftest import RegressionDataset, RegressionModel
 from torch.utils.data import IterableDataset
 
 from trainwright import DivergenceCallback, EarlyStoppingCallback, Trainer, TrainingArguments
-from trainwright.state import TrainerControl, TrainerState, metric_improves
+from trainwright.core.state import TrainerControl, TrainerState, metric_improves
 
 
 class NaNAfter(RegressionModel):
@@ -160,8 +160,8 @@ def test_impossible_numbers_are_refused_naming_the_field(field, value):
 
 
 def test_loss_window_reads_once_and_reports_nonfinite():
-    from trainwright.loss import LossWindow
-    from trainwright.runtime import get_runtime
+    from trainwright.distributed.runtime import get_runtime
+    from trainwright.modeling.loss import LossWindow
 
     window = LossWindow(torch.device("cpu"))
     for step, value in enumerate([1.0, float("inf"), 3.0]):

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from trainwright import optim
-from trainwright.optim import (
+from trainwright.optim import optimizers as optim
+from trainwright.optim.optimizers import (
     OPTIMIZER_NAMES,
     create_optimizer,
     decay_param_groups,
@@ -388,7 +388,7 @@ def test_adafactor_missing_from_torch_is_a_clear_error(monkeypatch) -> None:
 
 
 def test_names_agree_with_the_optimizer_names_enum() -> None:
-    from trainwright.enums import OptimizerNames
+    from trainwright.core.enums import OptimizerNames
 
     assert set(OptimizerNames.values()) == set(OPTIMIZER_NAMES)
     cls, kwargs = get_optimizer_cls_and_kwargs(Args(optim=OptimizerNames.ADAMW_TORCH_FOREACH))

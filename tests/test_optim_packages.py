@@ -15,8 +15,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from trainwright import Trainer, TrainerCallback, TrainingArguments
-from trainwright.optim import get_optimizer_cls_and_kwargs
-from trainwright.optim_extra import EXTRA_OPTIMIZER_NAMES, LayerWiseOptimizer
+from trainwright.optim.extra import EXTRA_OPTIMIZER_NAMES, LayerWiseOptimizer
+from trainwright.optim.optimizers import get_optimizer_cls_and_kwargs
 
 
 def _has(module: str) -> bool:
@@ -154,7 +154,7 @@ def test_optimizer_trains_on_cpu(tmp_path, name: str) -> None:
 
 def test_every_upstream_name_is_handled() -> None:
     training_args = pytest.importorskip("transformers.training_args")
-    from trainwright.optim import OPTIMIZER_NAMES
+    from trainwright.optim.optimizers import OPTIMIZER_NAMES
 
     upstream = {m.value for m in training_args.OptimizerNames}
     assert upstream <= set(OPTIMIZER_NAMES)
@@ -452,7 +452,7 @@ def test_every_transformers_optimizer_name_enum_works_like_its_string() -> None:
 def test_transformers_str_enums_are_accepted_wherever_their_string_is() -> None:
     training_args = pytest.importorskip("transformers.training_args")
     trainer_utils = pytest.importorskip("transformers.trainer_utils")
-    from trainwright import enums
+    from trainwright.core import enums
 
     cases = {
         "eval_strategy": (training_args.IntervalStrategy.STEPS, enums.IntervalStrategy),
@@ -483,7 +483,7 @@ def test_transformers_str_enums_are_accepted_wherever_their_string_is() -> None:
 
 def test_get_scheduler_takes_transformers_scheduler_type() -> None:
     trainer_utils = pytest.importorskip("transformers.trainer_utils")
-    from trainwright.schedules import get_scheduler
+    from trainwright.optim.schedules import get_scheduler
 
     def lrs(name) -> list[float]:
         optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
@@ -579,7 +579,7 @@ def test_paged_bitsandbytes_pages_on_cuda(tmp_path) -> None:
     assert trainer.optimizer.is_paged
     assert trainer.optimizer.state[trainer.model.up.weight]["state1"].dtype == torch.uint8
     # bitsandbytes pages the state of tensors from 1e5 elements on
-    from trainwright.optim import build_optimizer
+    from trainwright.optim.optimizers import build_optimizer
 
     big = nn.Linear(512, 512).cuda()
     cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(trainer.args, big)

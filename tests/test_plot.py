@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("matplotlib")
 from matplotlib.image import imread  # noqa: E402
 
-from trainwright import cli  # noqa: E402
-from trainwright.plot import load_log_history, plot_run  # noqa: E402
+from trainwright.app import cli  # noqa: E402
+from trainwright.app.plot import load_log_history, plot_run  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -170,7 +170,7 @@ def test_cli_plot_prints_the_paths(tmp_path, capsys):
 
 
 def test_run_average_rates_overlay_the_matching_windowed_rate():
-    from trainwright.plot import _figures
+    from trainwright.app.plot import _figures
 
     figures = {name: panels for name, _, panels in _figures(_history())}
     throughput = dict(figures["plot_throughput.png"])
@@ -191,7 +191,7 @@ def test_plot_of_a_real_training_run(make_args):
     from conftest import RegressionDataset, RegressionModel
 
     from trainwright.callbacks.speed_monitor import SpeedMonitor
-    from trainwright.trainer import Trainer
+    from trainwright.loop.trainer import Trainer
 
     def mae(pred):
         return {"mae": float(np.abs(pred.predictions - pred.label_ids).mean())}

@@ -52,7 +52,7 @@ JOB = textwrap.dedent(
     # Once DeepSpeed is imported (its integration, or the user), accelerate sees it again.
     import deepspeed  # noqa: F401
     import accelerate.utils.other as other
-    from trainwright.third_party import deepspeed_left_unimported
+    from trainwright.core.third_party import deepspeed_left_unimported
 
     with deepspeed_left_unimported():
         print("ACCELERATE_SEES_DEEPSPEED", other.is_deepspeed_available(), flush=True)
@@ -86,7 +86,7 @@ def test_overlapping_blocks_in_two_threads_put_accelerate_back_once_all_end():
 
     import accelerate.utils.other as other
 
-    from trainwright.third_party import deepspeed_left_unimported
+    from trainwright.core.third_party import deepspeed_left_unimported
 
     if "deepspeed" in sys.modules:
         pytest.skip("deepspeed is already imported in this process: the block rightly changes nothing")

@@ -25,10 +25,10 @@ mlflow = pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
 from mlflow.tracking._tracking_service import utils as tracking_utils  # noqa: E402
 
-from trainwright.events import TrainerCallback  # noqa: E402
+from trainwright.core.events import TrainerCallback  # noqa: E402
+from trainwright.loop.trainer import Trainer  # noqa: E402
 from trainwright.reporters.base import TIMEOUT_ENV, Reporter, reporter_timeout  # noqa: E402
 from trainwright.reporters.mlflow import MLflowCallback  # noqa: E402
-from trainwright.trainer import Trainer  # noqa: E402
 
 MLFLOW_VARS = (
     "MLFLOW_TRACKING_URI",
@@ -150,7 +150,7 @@ def test_dead_tracking_server_delays_training_by_the_deadline_once(server, tmp_p
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv(TIMEOUT_ENV, str(DEADLINE))
     caplog.set_level(logging.WARNING)
-    from trainwright.args import TrainingArguments
+    from trainwright.args.training_args import TrainingArguments
 
     args = TrainingArguments(
         output_dir=str(tmp_path / "out"), max_steps=8, logging_steps=1, per_device_train_batch_size=8,
@@ -278,7 +278,7 @@ def test_queueing_costs_microseconds_per_event_and_keeps_order(tmp_path, monkeyp
     state.log_history = [{"loss": 1.0, "step": i} for i in range(5000)]  # a long run's history
     from reporter_testkit import handler_for
 
-    from trainwright.state import TrainerControl
+    from trainwright.core.state import TrainerControl
 
     handler, control = handler_for([reporter]), TrainerControl()
     handler.on_train_begin(args, state, control)
@@ -436,7 +436,7 @@ def test_events_outside_training_are_delivered_before_the_call_returns(tmp_path,
     args = make_args(tmp_path)
     from reporter_testkit import handler_for
 
-    from trainwright.state import TrainerControl
+    from trainwright.core.state import TrainerControl
 
     handler, control = handler_for([reporter]), TrainerControl()
     drive(reporter, args, [(1, {"loss": 1.0})])  # a training run: its rows are flushed at train_end

@@ -140,7 +140,7 @@ def test_resume_variables_need_an_init_that_takes_them(monkeypatch, tmp_path):
     monkeypatch.setenv("SWANLAB_SAVE_DIR", str(tmp_path / "swanhome"))
     import swanlab
 
-    from trainwright.args import TrainingArguments
+    from trainwright.args.training_args import TrainingArguments
 
     args = TrainingArguments(output_dir=str(tmp_path), run_name="r")
     kwargs = SwanLabCallback._init_kwargs(args, "trial-3", swanlab.init)

@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import DropoutMLP, VectorDataset
 
-from trainwright.trainer import Trainer
+from trainwright.loop.trainer import Trainer
 
 
 def jsonl_rows(path) -> list[dict]:

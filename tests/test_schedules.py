@@ -8,8 +8,8 @@ from enum import Enum
 import pytest
 import torch
 
-from trainwright import schedules
-from trainwright.schedules import SCHEDULER_NAMES, get_learning_rates, get_scheduler
+from trainwright.optim import schedules
+from trainwright.optim.schedules import SCHEDULER_NAMES, get_learning_rates, get_scheduler
 
 WARMUP, TOTAL = 10, 100
 
@@ -353,7 +353,7 @@ def test_named_constructors_use_transformers_signatures() -> None:
 
 
 def test_names_agree_with_the_scheduler_type_enum() -> None:
-    from trainwright.enums import SchedulerType
+    from trainwright.core.enums import SchedulerType
 
     assert SchedulerType.values() == list(SCHEDULER_NAMES)
     optimizer = _optimizer()

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from trainwright.seed import enable_full_determinism, seed_worker, set_seed
+from trainwright.core.seed import enable_full_determinism, seed_worker, set_seed
 
 
 def draw() -> tuple:

@@ -15,9 +15,9 @@ from torch.overrides import TorchFunctionMode
 
 from trainwright.callbacks import speed_monitor as sm
 from trainwright.callbacks.speed_monitor import SpeedMonitor
-from trainwright.events import CallbackHandler, TrainerCallback
-from trainwright.runtime import Runtime
-from trainwright.state import ExportableState, LoopCursor, TrainerControl, TrainerState
+from trainwright.core.events import CallbackHandler, TrainerCallback
+from trainwright.core.state import ExportableState, LoopCursor, TrainerControl, TrainerState
+from trainwright.distributed.runtime import Runtime
 
 CPU = torch.device("cpu")
 

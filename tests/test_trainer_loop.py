@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.data import Dataset, IterableDataset
 
 from trainwright import Trainer, TrainerCallback
-from trainwright.tinygpt import TinyGPT, TinyGPTConfig
+from trainwright.app.tinygpt import TinyGPT, TinyGPTConfig
 
 
 class Recorder(TrainerCallback):
@@ -435,7 +435,7 @@ def test_transformers_model_trains_and_loss_falls(make_args):
 
 
 def test_unlogged_losses_are_folded_into_train_loss(make_args, monkeypatch):
-    import trainwright.trainer as trainer_module
+    import trainwright.loop.trainer as trainer_module
 
     def run(**kw):
         args = make_args(per_device_train_batch_size=4, max_steps=10, **kw)

@@ -4,15 +4,16 @@ token-weighted gradient accumulation and honest throughput/MFU figures.
     from trainwright import Trainer, TrainingArguments
 """
 
-from .argparser import HfArgumentParser
-from .args import (
+from trainwright import _moved_modules
+from trainwright.args.parser import HfArgumentParser
+from trainwright.args.training_args import (
     IntervalStrategy,
     SaveStrategy,
     SchedulerType,
     Seq2SeqTrainingArguments,
     TrainingArguments,
 )
-from .callbacks import (
+from trainwright.callbacks import (
     DefaultFlowCallback,
     DivergenceCallback,
     EarlyStoppingCallback,
@@ -20,10 +21,12 @@ from .callbacks import (
     ProgressCallback,
     SpeedMonitor,
 )
-from .checkpoint import get_last_checkpoint
-from .data import default_data_collator
-from .events import CallbackHandler, TrainerCallback
-from .integrations import (
+from trainwright.checkpoint.folder import get_last_checkpoint
+from trainwright.core.events import CallbackHandler, TrainerCallback
+from trainwright.core.seed import enable_full_determinism, set_seed
+from trainwright.core.state import TrainerControl, TrainerState
+from trainwright.data.loading import default_data_collator
+from trainwright.integrations import (
     is_clearml_available,
     is_comet_available,
     is_dvclive_available,
@@ -33,8 +36,10 @@ from .integrations import (
     is_tensorboard_available,
     is_wandb_available,
 )
-from .metrics import EvalPrediction, PredictionOutput, TrainOutput
-from .schedules import (
+from trainwright.loop.seq2seq import Seq2SeqTrainer
+from trainwright.loop.trainer import Trainer
+from trainwright.observe.metrics import EvalPrediction, PredictionOutput, TrainOutput
+from trainwright.optim.schedules import (
     get_constant_schedule,
     get_constant_schedule_with_warmup,
     get_cosine_schedule_with_warmup,
@@ -48,11 +53,9 @@ from .schedules import (
     get_scheduler,
     get_wsd_schedule,
 )
-from .seed import enable_full_determinism, set_seed
-from .seq2seq import Seq2SeqTrainer
-from .state import TrainerControl, TrainerState
-from .trainer import Trainer
-from .trainer_utils import torch_distributed_zero_first
+from trainwright.trainer_utils import torch_distributed_zero_first
+
+_moved_modules.install()
 
 __version__ = "0.1.0"
 

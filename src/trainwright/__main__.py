@@ -1,5 +1,5 @@
 """`python -m trainwright` runs the command line."""
 
-from .cli import main
+from trainwright.app.cli import main
 
 raise SystemExit(main())

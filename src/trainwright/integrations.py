@@ -16,29 +16,29 @@ import importlib.util
 import os
 from collections.abc import Iterator, Mapping
 
-from .reporters import INTEGRATION_TO_CALLBACK as _REGISTRY
-from .reporters import (
+from trainwright.reporters import INTEGRATION_TO_CALLBACK as _REGISTRY
+from trainwright.reporters import (
     Reporter,
     get_available_reporting_integrations,
     get_reporter_class,
     get_reporting_integration_callbacks,
     rewrite_logs,
 )
-from .reporters.azureml import AzureMLCallback
-from .reporters.base import env_flag
-from .reporters.clearml import ClearMLCallback
-from .reporters.codecarbon import CodeCarbonCallback
-from .reporters.comet import CometCallback
-from .reporters.dagshub import DagsHubCallback
-from .reporters.dvclive import DVCLiveCallback
-from .reporters.files import CsvCallback, JsonlCallback
-from .reporters.flyte import FlyteCallback
-from .reporters.kubeflow import KubeflowCallback
-from .reporters.mlflow import MLflowCallback
-from .reporters.neptune import NeptuneCallback
-from .reporters.swanlab import SwanLabCallback
-from .reporters.tensorboard import TensorBoardCallback
-from .reporters.wandb import WandbCallback
+from trainwright.reporters.azureml import AzureMLCallback
+from trainwright.reporters.base import env_flag
+from trainwright.reporters.clearml import ClearMLCallback
+from trainwright.reporters.codecarbon import CodeCarbonCallback
+from trainwright.reporters.comet import CometCallback
+from trainwright.reporters.dagshub import DagsHubCallback
+from trainwright.reporters.dvclive import DVCLiveCallback
+from trainwright.reporters.files import CsvCallback, JsonlCallback
+from trainwright.reporters.flyte import FlyteCallback
+from trainwright.reporters.kubeflow import KubeflowCallback
+from trainwright.reporters.mlflow import MLflowCallback
+from trainwright.reporters.neptune import NeptuneCallback
+from trainwright.reporters.swanlab import SwanLabCallback
+from trainwright.reporters.tensorboard import TensorBoardCallback
+from trainwright.reporters.wandb import WandbCallback
 
 __all__ = [
     "INTEGRATION_TO_CALLBACK",

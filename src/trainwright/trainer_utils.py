@@ -14,12 +14,20 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .checkpoint import get_last_checkpoint
-from .checkpoint_io import PREFIX_CHECKPOINT_DIR
-from .data import has_length as _has_length
-from .enums import EvaluationStrategy, FSDPOption, HubStrategy, IntervalStrategy, SaveStrategy, SchedulerType
-from .hpo import default_compute_objective, default_hp_space_optuna
-from .metrics import (
+from trainwright.checkpoint.files import PREFIX_CHECKPOINT_DIR
+from trainwright.checkpoint.folder import get_last_checkpoint
+from trainwright.core.enums import (
+    EvaluationStrategy,
+    FSDPOption,
+    HubStrategy,
+    IntervalStrategy,
+    SaveStrategy,
+    SchedulerType,
+)
+from trainwright.core.seed import enable_full_determinism, seed_worker, set_seed
+from trainwright.data.loading import has_length as _has_length
+from trainwright.loop.hpo import default_compute_objective, default_hp_space_optuna
+from trainwright.observe.metrics import (
     BestRun,
     EvalLoopOutput,
     EvalPrediction,
@@ -28,7 +36,6 @@ from .metrics import (
     denumpify_detensorize,
     speed_metrics,
 )
-from .seed import enable_full_determinism, seed_worker, set_seed
 
 __all__ = [
     "PREFIX_CHECKPOINT_DIR",

@@ -1,10 +1,10 @@
 """Callbacks shipped with trainwright."""
 
-from .divergence import DivergenceCallback
-from .early_stopping import EarlyStoppingCallback
-from .flow import DefaultFlowCallback
-from .progress import PrinterCallback, ProgressCallback
-from .speed_monitor import SpeedMonitor
+from trainwright.callbacks.divergence import DivergenceCallback
+from trainwright.callbacks.early_stopping import EarlyStoppingCallback
+from trainwright.callbacks.flow import DefaultFlowCallback
+from trainwright.callbacks.progress import PrinterCallback, ProgressCallback
+from trainwright.callbacks.speed_monitor import SpeedMonitor
 
 DEFAULT_CALLBACKS: list = [DefaultFlowCallback]
 

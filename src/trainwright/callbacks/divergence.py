@@ -6,8 +6,8 @@ import logging
 import math
 from typing import Any
 
-from ..events import TrainerCallback
-from ..state import TrainerControl, TrainerState
+from trainwright.core.events import TrainerCallback
+from trainwright.core.state import TrainerControl, TrainerState
 
 logger = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ import logging
 import math
 from typing import Any
 
-from ..events import TrainerCallback
-from ..state import TrainerControl, TrainerState, metric_improves
-from .flow import strategy_is
+from trainwright.callbacks.flow import strategy_is
+from trainwright.core.events import TrainerCallback
+from trainwright.core.state import TrainerControl, TrainerState, metric_improves
 
 logger = logging.getLogger(__name__)
 

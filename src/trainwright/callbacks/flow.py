@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..events import TrainerCallback
-from ..state import TrainerControl, TrainerState
+from trainwright.core.events import TrainerCallback
+from trainwright.core.state import TrainerControl, TrainerState
 
 
 def strategy_is(strategy: Any, name: str) -> bool:

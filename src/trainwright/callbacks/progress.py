@@ -9,8 +9,8 @@ from typing import IO, Any
 
 from tqdm.auto import tqdm
 
-from ..events import TrainerCallback
-from ..state import TrainerControl, TrainerState
+from trainwright.core.events import TrainerCallback
+from trainwright.core.state import TrainerControl, TrainerState
 
 # tqdm.auto picks the widget bar inside a Jupyter kernel, whose stderr is not a terminal but
 # which still renders bars properly.

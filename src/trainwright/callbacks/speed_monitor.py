@@ -42,9 +42,9 @@ from typing import Any
 
 import torch
 
-from .. import flops
-from ..events import TrainerCallback
-from ..runtime import Runtime, get_runtime
+from trainwright.core.events import TrainerCallback
+from trainwright.distributed.runtime import Runtime, get_runtime
+from trainwright.observe import flops
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class SpeedMonitor(TrainerCallback):
     Args:
         window_size: number of optimizer steps the rates are averaged over.
         gpu_flops_available: peak FLOP/s of one device for MFU; by default looked up from the
-            device name and training dtype in `trainwright.flops.PEAK_FLOPS` (no MFU when the
+            device name and training dtype in `trainwright.observe.flops.PEAK_FLOPS` (no MFU when the
             device is unknown, e.g. on CPU).
         time_unit: unit of the time/* keys: seconds, minutes, hours or days.
         runtime: the process runtime (for the cross-process sum); default `get_runtime()`.

@@ -60,7 +60,7 @@ import importlib
 import logging
 from collections.abc import Iterable
 
-from .base import MissingReporterPackageError, Reporter, rewrite_logs
+from trainwright.reporters.base import MissingReporterPackageError, Reporter, rewrite_logs
 
 logger = logging.getLogger(__name__)
 

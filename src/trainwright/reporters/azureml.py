@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .base import Reporter
+from trainwright.reporters.base import Reporter
 
 
 class AzureMLCallback(Reporter):

@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from ..events import EVENTS, TrainerCallback
+from trainwright.core.events import EVENTS, TrainerCallback
 
 logger = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ def export_model(model: Any, directory: str) -> str:
     os.makedirs(directory, exist_ok=True)
     save_pretrained = getattr(model, "save_pretrained", None)
     if callable(save_pretrained):
-        from ..third_party import deepspeed_left_unimported
+        from trainwright.core.third_party import deepspeed_left_unimported
 
         with deepspeed_left_unimported():
             save_pretrained(directory)

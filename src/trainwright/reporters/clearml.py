@@ -7,7 +7,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .base import SUMMARY_KEYS, Reporter, env_flag, model_config_dict, saved_checkpoint_dir
+from trainwright.reporters.base import (
+    SUMMARY_KEYS,
+    Reporter,
+    env_flag,
+    model_config_dict,
+    saved_checkpoint_dir,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import os
 import re
 from typing import Any
 
-from .base import Reporter
+from trainwright.reporters.base import Reporter
 
 
 class CodeCarbonCallback(Reporter):

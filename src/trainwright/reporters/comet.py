@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .base import Reporter, env_flag, model_config_dict, rewrite_logs
+from trainwright.reporters.base import Reporter, env_flag, model_config_dict, rewrite_logs
 
 logger = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ import tempfile
 from typing import Any
 from urllib.parse import urlparse
 
-from .base import env_flag, export_model
-from .mlflow import MLflowCallback
+from trainwright.reporters.base import env_flag, export_model
+from trainwright.reporters.mlflow import MLflowCallback
 
 
 def parse_dagshub_uri(uri: str) -> tuple[str, str]:

@@ -6,7 +6,7 @@ import logging
 import os
 from typing import Any
 
-from .base import Reporter, env_choice, export_model, rewrite_logs, saved_checkpoint_dir
+from trainwright.reporters.base import Reporter, env_choice, export_model, rewrite_logs, saved_checkpoint_dir
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Iterable
 from typing import Any
 
-from .base import Reporter, as_scalar
+from trainwright.reporters.base import Reporter, as_scalar
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .base import Reporter, saved_checkpoint_dir
+from trainwright.reporters.base import Reporter, saved_checkpoint_dir
 
 logger = logging.getLogger(__name__)
 

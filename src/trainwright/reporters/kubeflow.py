@@ -12,7 +12,7 @@ import urllib.request
 from datetime import datetime, timezone
 from typing import Any, ClassVar
 
-from .base import Reporter, as_scalar, env_flag
+from trainwright.reporters.base import Reporter, as_scalar, env_flag
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
-from .base import (
+from trainwright.reporters.base import (
     Reporter,
     env_flag,
     env_int,

@@ -6,7 +6,7 @@ import logging
 import os
 from typing import Any
 
-from .base import Reporter, model_config_dict, rewrite_logs, saved_checkpoint_dir
+from trainwright.reporters.base import Reporter, model_config_dict, rewrite_logs, saved_checkpoint_dir
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import logging
 import os
 from typing import Any
 
-from .base import SUMMARY_KEYS, Reporter, model_config_dict, rewrite_logs, unwrap_model
+from trainwright.reporters.base import SUMMARY_KEYS, Reporter, model_config_dict, rewrite_logs, unwrap_model
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import socket
 from datetime import datetime
 from typing import Any
 
-from .base import Reporter, model_config_dict, rewrite_logs
+from trainwright.reporters.base import Reporter, model_config_dict, rewrite_logs
 
 
 def default_logdir(output_dir: str) -> str:

@@ -7,7 +7,7 @@ import os
 import tempfile
 from typing import Any
 
-from .base import (
+from trainwright.reporters.base import (
     SUMMARY_KEYS,
     Reporter,
     env_choice,

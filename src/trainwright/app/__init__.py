@@ -1,0 +1,1 @@
+"""Command line applications: `trainwright demo / train / plot`."""

@@ -1,0 +1,143 @@
+"""`trainwright train`: a causal-LM fine-tuning/pre-training run from a config file and local data.
+
+    trainwright train run.yaml --learning_rate 3e-4
+
+The config holds ModelArguments, DataArguments and TrainingArguments fields side by side. The
+model is built from a transformers config (`model_type` + `model_config`, or a local
+`model_name_or_path`) or is trainwright's TinyGPT (`model_type: tinygpt`); text comes from local
+.txt / .jsonl files. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+
+@dataclass
+class ModelArguments:
+    model_type: str = field(
+        default="tinygpt", metadata={"help": "tinygpt, or a transformers model type (gpt2, llama, ...)"}
+    )
+    model_name_or_path: str | None = field(default=None, metadata={"help": "local folder of a saved model"})
+    model_config: dict[str, Any] | None = field(default=None, metadata={"help": "config values (JSON)"})
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "local tokenizer folder; bytes if unset"}
+    )
+
+
+@dataclass
+class DataArguments:
+    train_file: str | None = field(default=None, metadata={"help": ".txt or .jsonl file with training text"})
+    validation_file: str | None = field(default=None, metadata={"help": ".txt or .jsonl file for evaluation"})
+    text_column: str = field(default="text", metadata={"help": "field holding the text in .jsonl files"})
+    block_size: int = field(default=128, metadata={"help": "tokens per training example"})
+
+
+class TokenBlocks(Dataset):
+    """Consecutive blocks of `block_size` token ids; labels equal the ids (the model shifts)."""
+
+    def __init__(self, ids: list[int], block_size: int, source: str):
+        if len(ids) < block_size:
+            raise ValueError(f"{source}: {len(ids)} tokens, fewer than block_size={block_size}.")
+        self.ids = torch.tensor(ids, dtype=torch.long)
+        self.block_size = block_size
+
+    def __len__(self) -> int:
+        return len(self.ids) // self.block_size
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        chunk = self.ids[i * self.block_size : (i + 1) * self.block_size]
+        return {"input_ids": chunk, "labels": chunk}
+
+
+def read_text(path: str, text_column: str) -> str:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"Data file not found: {path}")
+    if path.endswith(".jsonl"):
+        parts = []
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    row = json.loads(line)
+                    if text_column not in row:
+                        raise ValueError(f"{path}:{n}: no {text_column!r} field (fields: {sorted(row)}).")
+                    parts.append(row[text_column])
+        return "\n\n".join(parts)
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def build_model(margs: ModelArguments, vocab_size: int, block_size: int) -> torch.nn.Module:
+    if margs.model_type == "tinygpt" and margs.model_name_or_path is None:
+        from trainwright.app.tinygpt import TinyGPT, TinyGPTConfig
+
+        return TinyGPT(
+            TinyGPTConfig(vocab_size=vocab_size, block_size=block_size, **(margs.model_config or {}))
+        )
+    try:
+        import transformers
+    except ImportError as e:
+        raise ImportError(
+            "model_type other than tinygpt needs transformers: pip install 'trainwright[hf]'"
+        ) from e
+    if margs.model_name_or_path is not None:
+        if not os.path.isdir(margs.model_name_or_path):
+            raise FileNotFoundError(f"model_name_or_path must be a local folder: {margs.model_name_or_path}")
+        return transformers.AutoModelForCausalLM.from_pretrained(margs.model_name_or_path)
+    values = {"vocab_size": vocab_size, **(margs.model_config or {})}
+    config = transformers.AutoConfig.for_model(margs.model_type, **values)
+    return transformers.AutoModelForCausalLM.from_config(config)
+
+
+def run_train(argv: Sequence[str]) -> dict[str, float]:
+    from trainwright.args.parser import HfArgumentParser
+    from trainwright.args.training_args import TrainingArguments
+    from trainwright.loop.trainer import Trainer
+
+    parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments), prog="trainwright train")
+    margs, dargs, targs = parser.parse_args_into_dataclasses(args=list(argv), look_for_args_file=False)
+    if dargs.train_file is None:
+        raise ValueError("train_file is required (a local .txt or .jsonl file).")
+    tokenizer = None
+    if margs.tokenizer_name_or_path:
+        import transformers
+
+        tokenizer = transformers.AutoTokenizer.from_pretrained(margs.tokenizer_name_or_path)
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text)["input_ids"] if tokenizer is not None else list(text.encode("utf-8"))
+
+    vocab = len(tokenizer) if tokenizer is not None else 256
+    train_ds = TokenBlocks(
+        encode(read_text(dargs.train_file, dargs.text_column)), dargs.block_size, dargs.train_file
+    )
+    eval_ds = None
+    if dargs.validation_file:
+        eval_ds = TokenBlocks(
+            encode(read_text(dargs.validation_file, dargs.text_column)),
+            dargs.block_size,
+            dargs.validation_file,
+        )
+    model = build_model(margs, vocab, dargs.block_size)
+    trainer = Trainer(
+        model=model, args=targs, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tokenizer
+    )
+    result = trainer.train(resume_from_checkpoint=targs.resume_from_checkpoint)
+    trainer.save_model()
+    trainer.save_state()
+    trainer.log_metrics("train", result.metrics)
+    trainer.save_metrics("train", result.metrics)
+    metrics = dict(result.metrics)
+    if eval_ds is not None:
+        eval_metrics = trainer.evaluate()
+        trainer.log_metrics("eval", eval_metrics)
+        trainer.save_metrics("eval", eval_metrics)
+        metrics.update(eval_metrics)
+    return metrics

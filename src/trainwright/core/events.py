@@ -1,0 +1,249 @@
+"""TrainerCallback and the handler that dispatches events to the callbacks that listen.
+
+Event order (the loop in `trainer.py` is the spec):
+
+    on_init_end
+    on_train_begin  [evaluation if eval_on_start]
+    for each epoch:
+        on_epoch_begin
+        for each optimizer step:
+            on_step_begin
+            for each micro-batch but the last: on_substep_end
+            on_pre_optimizer_step, on_optimizer_step
+            on_step_end
+            [log: on_pre_log, on_log] [evaluate: on_prediction_step*, on_pre_log, on_log, on_evaluate]
+            [save: on_save]
+        on_epoch_end  [log / evaluate / save for epoch strategies]
+    on_pre_log, on_log (train summary)
+    on_train_end
+
+`on_pre_log` is trainwright's own: callbacks may add keys to `logs` before the row is recorded
+(the SpeedMonitor adds throughput there). Everything else is upstream's contract.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from trainwright.core.state import TrainerControl, TrainerState
+
+logger = logging.getLogger(__name__)
+
+EVENTS = (
+    "on_init_end",
+    "on_train_begin",
+    "on_train_end",
+    "on_epoch_begin",
+    "on_epoch_end",
+    "on_step_begin",
+    "on_pre_optimizer_step",
+    "on_optimizer_step",
+    "on_substep_end",
+    "on_step_end",
+    "on_evaluate",
+    "on_predict",
+    "on_save",
+    "on_pre_log",
+    "on_log",
+    "on_prediction_step",
+    "on_push_begin",
+)
+
+
+class TrainerCallback:
+    """Base class: override the events you need. Return None to keep `control`, or a
+    TrainerControl to replace it. kwargs: model, processing_class, optimizer, lr_scheduler,
+    train_dataloader, eval_dataloader, cursor, plus `metrics` (on_evaluate, on_predict) and
+    `logs` (on_pre_log, on_log)."""
+
+    def on_init_end(self, args, state: TrainerState, control: TrainerControl, **kwargs): ...
+
+    def on_train_begin(self, args, state: TrainerState, control: TrainerControl, **kwargs): ...
+
+    def on_train_end(self, args, state: TrainerState, control: TrainerControl, **kwargs): ...
+
+    def on_epoch_begin(self, args, state: TrainerState, control: TrainerControl, **kwargs): ...
+
+    def on_epoch_end(self, args, state: TrainerState, control: TrainerControl, **kwargs): ...
+
+    def on_step_begin(self, args, state: TrainerState, control: TrainerControl, **kwargs): ...
+
+    def on_pre_optimizer_step(self, args, state: TrainerState, control: TrainerControl, **kwargs): ...
+
+    def on_optimizer_step(self, args, state: TrainerState, control: TrainerControl, **kwargs): ...
+
+    def on_substep_end(self, args, state: TrainerState, control: TrainerControl, **kwargs): ...
+
+    def on_step_end(self, args, state: TrainerState, control: TrainerControl, **kwargs): ...
+
+    def on_evaluate(self, args, state: TrainerState, control: TrainerControl, **kwargs): ...
+
+    def on_predict(self, args, state: TrainerState, control: TrainerControl, metrics, **kwargs): ...
+
+    def on_save(self, args, state: TrainerState, control: TrainerControl, **kwargs): ...
+
+    def on_pre_log(self, args, state: TrainerState, control: TrainerControl, **kwargs): ...
+
+    def on_log(self, args, state: TrainerState, control: TrainerControl, **kwargs): ...
+
+    def on_prediction_step(self, args, state: TrainerState, control: TrainerControl, **kwargs): ...
+
+    def on_push_begin(self, args, state: TrainerState, control: TrainerControl, **kwargs): ...
+
+
+def _overrides(callback: TrainerCallback, event: str) -> bool:
+    method = getattr(type(callback), event, None)
+    if method is None:
+        return False
+    return method is not getattr(TrainerCallback, event)
+
+
+# Flags the handler clears before an event is dispatched (upstream's reset rules).
+_RESETS = {
+    "on_train_begin": ("should_training_stop",),
+    "on_epoch_begin": ("should_epoch_stop",),
+    "on_step_begin": ("should_log", "should_evaluate", "should_save"),
+    "on_log": ("should_log",),
+    "on_evaluate": ("should_evaluate",),
+    "on_save": ("should_save",),
+}
+
+
+class CallbackHandler(TrainerCallback):
+    """Holds the callbacks and calls, per event, only those that override it, in list order."""
+
+    def __init__(self, callbacks, model, processing_class, optimizer, lr_scheduler):
+        self.callbacks: list[TrainerCallback] = []
+        self._listeners: dict[str, list[TrainerCallback]] = {}
+        for cb in callbacks or []:
+            self.add_callback(cb)
+        self.model = model
+        self.processing_class = processing_class
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.train_dataloader = None
+        self.eval_dataloader = None
+        self.cursor = None
+        if not any(type(cb).__name__ == "DefaultFlowCallback" for cb in self.callbacks):
+            logger.warning(
+                "The Trainer has no DefaultFlowCallback: nothing will set the log/evaluate/save flags."
+            )
+
+    @property
+    def tokenizer(self):
+        return self.processing_class
+
+    # -- the list ---------------------------------------------------------------------------
+    def _refresh(self) -> None:
+        self._listeners = {e: [cb for cb in self.callbacks if _overrides(cb, e)] for e in EVENTS}
+
+    def add_callback(self, callback) -> None:
+        cb = callback() if isinstance(callback, type) else callback
+        cb_class = callback if isinstance(callback, type) else type(callback)
+        if any(type(c) is cb_class for c in self.callbacks):
+            logger.warning(
+                "You are adding a %s to the callbacks of this Trainer, but there is already one. "
+                "The current list of callbacks is:\n%s",
+                cb_class.__name__,
+                self.callback_list,
+            )
+        self.callbacks.append(cb)
+        self._refresh()
+
+    def pop_callback(self, callback):
+        for cb in self.callbacks:
+            if (isinstance(callback, type) and isinstance(cb, callback)) or cb is callback:
+                self.callbacks.remove(cb)
+                self._refresh()
+                return cb
+        return None
+
+    def remove_callback(self, callback) -> None:
+        if isinstance(callback, type):
+            for cb in self.callbacks:
+                if isinstance(cb, callback):
+                    self.callbacks.remove(cb)
+                    break
+        else:
+            self.callbacks.remove(callback)
+        self._refresh()
+
+    @property
+    def callback_list(self) -> str:
+        return "\n".join(type(cb).__name__ for cb in self.callbacks)
+
+    # -- dispatch ---------------------------------------------------------------------------
+    def call_event(self, event: str, args, state: TrainerState, control: TrainerControl, **kwargs):
+        for flag in _RESETS.get(event, ()):
+            setattr(control, flag, False)
+        listeners = self._listeners.get(event)
+        if not listeners:
+            return control
+        for cb in listeners:
+            result = getattr(cb, event)(
+                args,
+                state,
+                control,
+                model=self.model,
+                processing_class=self.processing_class,
+                optimizer=self.optimizer,
+                lr_scheduler=self.lr_scheduler,
+                train_dataloader=self.train_dataloader,
+                eval_dataloader=self.eval_dataloader,
+                cursor=self.cursor,
+                **kwargs,
+            )
+            if result is not None:
+                control = result
+        return control
+
+    def on_init_end(self, args, state, control, **kwargs):
+        return self.call_event("on_init_end", args, state, control)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        return self.call_event("on_train_begin", args, state, control)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        return self.call_event("on_train_end", args, state, control)
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        return self.call_event("on_epoch_begin", args, state, control)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        return self.call_event("on_epoch_end", args, state, control)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        return self.call_event("on_step_begin", args, state, control)
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        return self.call_event("on_pre_optimizer_step", args, state, control)
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        return self.call_event("on_optimizer_step", args, state, control)
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        return self.call_event("on_substep_end", args, state, control)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        return self.call_event("on_step_end", args, state, control)
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        return self.call_event("on_evaluate", args, state, control, metrics=metrics)
+
+    def on_predict(self, args, state, control, metrics=None, **kwargs):
+        return self.call_event("on_predict", args, state, control, metrics=metrics)
+
+    def on_save(self, args, state, control, **kwargs):
+        return self.call_event("on_save", args, state, control)
+
+    def on_pre_log(self, args, state, control, logs=None, **kwargs):
+        return self.call_event("on_pre_log", args, state, control, logs=logs)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        return self.call_event("on_log", args, state, control, logs=logs)
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        return self.call_event("on_prediction_step", args, state, control)
+
+    def on_push_begin(self, args, state, control, **kwargs):
+        return self.call_event("on_push_begin", args, state, control)

@@ -1,0 +1,1 @@
+"""The Trainer family: the loop, evaluation, checkpointing glue, hyperparameter search, Hub pushes."""

@@ -1,0 +1,115 @@
+"""Collecting evaluation outputs: streamed to the CPU, put back in dataset order across processes.
+
+Each process keeps its own predictions, labels and per-sample losses as CPU chunks (moved off the
+accelerator every `offload_every` batches and concatenated once at the end). With several
+processes the per-process results are exchanged once at the end and interleaved back into the
+dataset's order (the evaluation sampler deals sample i to process i % world_size); the samples the
+sampler repeated to even out the last batch are then dropped, so metrics equal one process's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trainwright.distributed.runtime import Runtime
+from trainwright.observe.metrics import EvalAccumulator, nested_truncate
+
+
+@dataclass
+class EvalResult:
+    predictions: Any
+    label_ids: Any
+    inputs: Any
+    losses: np.ndarray | None
+    loss: float | None
+    num_samples: int
+
+
+class EvalGatherer:
+    """Accumulates one evaluation's outputs; see the module docstring."""
+
+    def __init__(
+        self, runtime: Runtime, offload_every: int = 1, keep_outputs: bool = True, do_concat: bool = True
+    ):
+        self.runtime = runtime
+        self.offload_every = max(int(offload_every), 1)
+        self.keep_outputs = keep_outputs
+        self._acc = {
+            name: EvalAccumulator(padding_index=-100, do_concat=do_concat)
+            for name in ("preds", "labels", "inputs")
+        }
+        self._losses = EvalAccumulator(padding_index=-100, do_concat=True)
+        self._pending: list[tuple[str, Any]] = []
+        self._batches = 0
+        self._samples = 0
+
+    def add(self, *, loss, batch_size: int, predictions=None, labels=None, inputs=None) -> None:
+        self._samples += batch_size
+        if loss is not None:
+            self._pending.append(("loss", loss.detach().float().reshape(1).repeat(batch_size)))
+        if self.keep_outputs:
+            for name, value in (("preds", predictions), ("labels", labels), ("inputs", inputs)):
+                if value is not None:
+                    self._pending.append((name, value))
+        self._batches += 1
+        if self._batches % self.offload_every == 0:
+            self._flush()
+
+    def _flush(self) -> None:
+        for name, value in self._pending:
+            (self._losses if name == "loss" else self._acc[name]).add(value)
+        self._pending.clear()
+
+    def finish(self, num_samples: int | None) -> EvalResult:
+        """Concatenate once, reorder across processes and trim to `num_samples`."""
+        self._flush()
+        local = {name: acc.get_arrays() for name, acc in self._acc.items()}
+        local["losses"] = self._losses.get_arrays()
+        if self.runtime.distributed:
+            parts = self.runtime.all_gather_object(local)
+            merged = {key: interleave_shards([p[key] for p in parts]) for key in local}
+            observed = sum(self.runtime.all_gather_object(self._samples))
+        else:
+            merged, observed = local, self._samples
+        n = num_samples if num_samples is not None else observed
+        merged = {k: nested_truncate(v, n) if v is not None else None for k, v in merged.items()}
+        losses = merged["losses"]
+        loss = None
+        if losses is not None and len(losses):
+            finite = losses[np.isfinite(losses)]
+            loss = float(finite.mean()) if finite.size else float("nan")
+        return EvalResult(merged["preds"], merged["labels"], merged["inputs"], losses, loss, n)
+
+
+def interleave_shards(per_rank: list[Any]) -> Any:
+    """Dataset order from per-process results (arrays, or nested tuples/lists/dicts of them):
+    row q of process r goes to position q * W + r, the evaluation sampler's dealing order.
+    Sequence dimensions are padded with -100 to the longest process's."""
+    first = per_rank[0]
+    if first is None:
+        return None
+    if isinstance(first, (list, tuple)):
+        return type(first)(interleave_shards([p[i] for p in per_rank]) for i in range(len(first)))
+    if isinstance(first, Mapping):
+        return {k: interleave_shards([p[k] for p in per_rank]) for k in first}
+    arrays = [np.asarray(a) for a in per_rank]
+    trailing = tuple(max(a.shape[d] for a in arrays) for d in range(1, arrays[0].ndim))
+    arrays = [_pad_trailing(a, trailing) for a in arrays]
+    world = len(arrays)
+    rows = sum(a.shape[0] for a in arrays)
+    out = np.empty((rows, *trailing), dtype=np.result_type(*arrays))
+    for r, a in enumerate(arrays):
+        out[r::world][: a.shape[0]] = a
+    return out
+
+
+def _pad_trailing(a: np.ndarray, trailing: tuple[int, ...], value: int = -100) -> np.ndarray:
+    if a.shape[1:] == trailing:
+        return a
+    out = np.full((a.shape[0], *trailing), value, dtype=a.dtype)
+    out[(slice(None), *(slice(0, s) for s in a.shape[1:]))] = a
+    return out

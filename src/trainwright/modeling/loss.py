@@ -1,0 +1,205 @@
+"""The loss contract behind gradient accumulation, and label smoothing.
+
+Rule: one optimizer step must give the update of one batch made of all its micro-batches (and of
+all processes). Items are the targets a loss averages over: label tokens that are not -100
+(counting ``labels[..., 1:]`` for a causal LM, whose position 0 is never a target), or samples
+when the batch carries no labels. With N the items of the whole step (summed over processes) and
+n those of one micro-batch:
+
+- a model that uses ``num_items_in_batch`` and a ``compute_loss_func`` get N and must return
+  ``sum of item losses / N``; trainwright uses that loss as it is. A model uses it when it says so
+  (``accepts_loss_kwargs = True``, or an explicit ``num_items_in_batch`` forward argument). A
+  forward that only takes ``**kwargs`` may route them into its loss (transformers' causal LMs do)
+  or drop them (BERT, BART, T5 heads with their own ``CrossEntropyLoss``): that is measured once
+  per ``train()`` by :func:`loss_honours_num_items` on the first micro-batch;
+- any other loss is taken to be a mean over its micro-batch's items and is weighted by ``n / N``
+  (``mean * n / N = sum / N``, the same update);
+- a Trainer subclass that sets ``loss_is_scaled_for_ga = True`` takes responsibility itself.
+
+Under DDP the loss is then multiplied by the world size, since DDP averages gradients.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from trainwright.data.loading import count_items, is_causal_lm
+
+
+def model_accepts_loss_kwargs(model: torch.nn.Module) -> bool | None:
+    """Whether the model's forward uses ``num_items_in_batch``: True or False when the model says
+    so, None when only a ``**kwargs`` says it might (see :func:`loss_honours_num_items`)."""
+    declared = getattr(model, "accepts_loss_kwargs", None)
+    if declared is not None:
+        return bool(declared)
+    params = inspect.signature(model.forward).parameters
+    if "num_items_in_batch" in params:
+        return True
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return False
+
+
+def _loss_of(outputs: Any) -> torch.Tensor | None:
+    if isinstance(outputs, Mapping):
+        return outputs.get("loss")
+    if isinstance(outputs, (tuple, list)):
+        return outputs[0] if outputs else None
+    return outputs if isinstance(outputs, torch.Tensor) else None
+
+
+def loss_honours_num_items(
+    model: torch.nn.Module, inputs: Mapping[str, Any], num_items: torch.Tensor
+) -> bool:
+    """Measure whether ``model(**inputs, num_items_in_batch=N)`` returns ``sum / N``.
+
+    Two forwards without gradients in eval mode (no dropout, no running-statistics update), with
+    N and 2N: a loss that honours N halves. The model's mode and every RNG are left as they were,
+    so training (and an exact resume) is unaffected. A forward that rejects the argument, or a
+    loss that is not a finite non-zero scalar, counts as not honouring it: the mean is then
+    weighted, which is right for any mean loss.
+    """
+    was_training = model.training
+    device = num_items.device
+    devices = [device.index or 0] if device.type == "cuda" else []
+    try:
+        model.eval()
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            losses = []
+            for n in (num_items, num_items * 2):
+                loss = _loss_of(model(**inputs, num_items_in_batch=n))
+                if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                    return False
+                losses.append(float(loss.float()))
+    except (TypeError, ValueError):
+        return False
+    finally:
+        model.train(was_training)
+    first, second = losses
+    if not (math.isfinite(first) and math.isfinite(second)) or second == 0.0:
+        return False
+    return first / second > 1.5
+
+
+def items_in_batch(inputs: Mapping[str, Any], label_shift: bool) -> torch.Tensor:
+    """Items one batch contributes to the loss: label targets, else samples."""
+    labels = inputs.get("labels") if isinstance(inputs, Mapping) else None
+    if isinstance(labels, torch.Tensor):
+        return count_items(inputs, shift=label_shift)
+    return torch.tensor(batch_size(inputs))
+
+
+def batch_size(inputs: Any) -> int:
+    """Number of samples in a batch: the first dimension of its first tensor, or, for a packed
+    batch (one row of concatenated sequences with ``position_ids``, as made by transformers'
+    ``DataCollatorWithFlattening``), the number of sequences in it."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs.shape[0] if inputs.dim() else 1
+    values: Iterable[Any]
+    if isinstance(inputs, Mapping):
+        positions: Any = inputs.get("position_ids")
+        packed = "attention_mask" not in inputs and isinstance(positions, torch.Tensor)
+        if packed and positions.dim() == 2 and positions.shape[0] == 1:
+            return int((positions == 0).sum()) or 1  # a packed row: its sequences start at 0
+        values = inputs.values()
+    elif isinstance(inputs, (list, tuple)):
+        values = inputs
+    else:
+        return 1
+    for v in values:
+        if isinstance(v, (torch.Tensor, Mapping, list, tuple)):
+            return batch_size(v)
+    return 1
+
+
+def label_shift_for(model: torch.nn.Module) -> bool:
+    return bool(getattr(model, "label_shift", False)) or is_causal_lm(model)
+
+
+class LabelSmoother:
+    """Cross-entropy with label smoothing over non-ignored targets (labels == -100 ignored).
+
+    Returns ``sum / num_items_in_batch`` when that is given, else the mean over targets, so it
+    follows the accumulation contract above.
+    """
+
+    def __init__(self, epsilon: float = 0.1, ignore_index: int = -100):
+        self.epsilon = epsilon
+        self.ignore_index = ignore_index
+
+    def __call__(
+        self, model_output: Any, labels: torch.Tensor, shift_labels: bool = False, num_items_in_batch=None
+    ) -> torch.Tensor:
+        logits = model_output["logits"] if isinstance(model_output, Mapping) else model_output[0]
+        if shift_labels:
+            logits = logits[..., :-1, :].contiguous()
+            labels = labels[..., 1:].contiguous()
+        log_probs = -F.log_softmax(logits.float(), dim=-1)
+        if labels.dim() == log_probs.dim() - 1:
+            labels = labels.unsqueeze(-1)
+        padding = labels.eq(self.ignore_index)
+        safe = torch.clamp(labels, min=0)
+        nll = log_probs.gather(dim=-1, index=safe).masked_fill(padding, 0.0)
+        smoothed = log_probs.sum(dim=-1, keepdim=True, dtype=torch.float32).masked_fill(padding, 0.0)
+        count = num_items_in_batch if num_items_in_batch is not None else (~padding).sum()
+        nll_loss = nll.sum() / count
+        smooth_loss = smoothed.sum() / (count * log_probs.shape[-1])
+        return (1 - self.epsilon) * nll_loss + self.epsilon * smooth_loss
+
+
+class LossWindow:
+    """Per-step training losses since the last log, kept on the device.
+
+    A step's loss is kept as the (detached) tensor the step produced: recording it is a list
+    append, with no tensor operation and no host sync on the hot path; the window is stacked and
+    read once per log. Non-finite steps are left out of the logged mean when filtering
+    (`logging_nan_inf_filter`), which is what replacing them by the running mean amounts to.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.steps: list[torch.Tensor] = []
+
+    def add(self, step: int, loss: torch.Tensor) -> None:
+        if step < len(self.steps):  # another micro-batch of the same optimizer step
+            self.steps[step] = self.steps[step] + loss
+        else:
+            self.steps.append(loss)
+
+    def step_sum(self, steps: int, runtime: Any, filter_nonfinite: bool) -> tuple[float, int]:
+        """(sum of the recorded step losses, averaged over processes; non-finite steps), then cleared.
+
+        With filtering, non-finite steps are replaced by the mean of the finite ones; a window with
+        no finite step sums to NaN (a diverged run never reads as loss 0). One host sync.
+        """
+        window = torch.stack([t.reshape(()).float() for t in self.steps[:steps]])
+        finite = torch.isfinite(window)
+        nonfinite = (~finite).sum().float()
+        if filter_nonfinite:
+            count = finite.sum()
+            mean = torch.where(finite, window, 0.0).sum() / count  # NaN when count is 0
+            total = mean * steps
+        else:
+            total = window.sum()
+        reduced = runtime.all_reduce(torch.stack([total, nonfinite]), "sum")
+        total_value, nonfinite_value = reduced.tolist()
+        del self.steps[:steps]
+        return total_value / runtime.world_size, int(nonfinite_value)
+
+    def window_sum(self, steps: int) -> torch.Tensor:
+        """This process's summed step losses since the last log, as a device tensor (no sync)."""
+        if not self.steps[:steps]:
+            return torch.zeros((), device=self.device)
+        return torch.stack([t.reshape(()).float() for t in self.steps[:steps]]).sum()
+
+    def values(self, steps: int) -> list[float]:
+        return [float(t) for t in self.steps[:steps]]
+
+    def load(self, values: list[float]) -> None:
+        self.steps = [torch.tensor(v, dtype=torch.float32, device=self.device) for v in values]

@@ -1,0 +1,1 @@
+"""Measuring a run: exact peak memory, FLOP counting, metrics records and files."""
