@@ -106,10 +106,8 @@ class TrainerState:
         self.is_local_process_zero = trainer.is_local_process_zero()
         self.is_world_process_zero = trainer.is_world_process_zero()
         if trial is not None and getattr(trainer, "hp_search_backend", None) is not None:
-            from trainwright.loop.hpo import trial_params, trial_run_name
-
-            self.trial_name = trial_run_name(trainer, trial)
-            self.trial_params = trial_params(trial)
+            # The search layer names the trial; the state only records it (no import upward).
+            self.trial_name, self.trial_params = trainer._hp_trial_record(trial)
 
 
 @dataclass

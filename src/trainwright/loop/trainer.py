@@ -1251,6 +1251,12 @@ class Trainer:
             self.lr_scheduler.step(metrics[self._metric_key()])
         return metrics
 
+    def _hp_trial_record(self, trial: Any) -> tuple[str, dict[str, Any]]:
+        """The trial's run name and parameters for `TrainerState` (the search layer knows both)."""
+        from trainwright.loop.hpo import trial_params, trial_run_name
+
+        return trial_run_name(self, trial), trial_params(trial)
+
     def _metric_key(self) -> str:
         name = self.args.metric_for_best_model or "loss"
         return name if name.startswith("eval_") else f"eval_{name}"
