@@ -1,0 +1,165 @@
+"""The package's layers, kept by a test: imports point down only and no import cycle exists.
+
+Every import counts, including ones inside functions and under `TYPE_CHECKING`: an upward
+import for an annotation still ties a lower layer to the loop's shape.
+"""
+
+from __future__ import annotations
+
+import ast
+import warnings
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "trainwright"
+
+# Lowest first. A module may import its own layer and the layers below it, never above.
+LAYERS: list[tuple[str, ...]] = [
+    ("core",),
+    ("args",),
+    ("data", "optim", "checkpoint", "distributed", "observe", "modeling", "callbacks", "reporters"),
+    ("loop", "tf"),
+    ("app",),
+    ("__init__", "__main__", "integrations", "trainer_utils", "_moved_modules"),  # the public face
+]
+RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in SRC.rglob("*.py")}
+
+
+def _imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """Every trainwright module that `path` imports, resolved to a module (not an attribute)."""
+    is_pkg = path.name == "__init__.py"
+    package = name if is_pkg else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {name: _imports(path, name, set(mods)) for name, path in mods.items()}
+
+
+def _layer(module: str) -> tuple[str, int]:
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else "__init__"
+    if top not in RANK:
+        raise AssertionError(f"{module}: its folder {top!r} has no layer in tests/test_layers.py LAYERS")
+    return top, RANK[top]
+
+
+def _is_package_init(module: str, importer: str) -> bool:
+    # `import trainwright.x.y` runs trainwright/__init__ too; that is not an upward dependency.
+    return module == "trainwright" and importer != "trainwright"
+
+
+def test_every_module_has_a_layer():
+    for module in _modules():
+        _layer(module)
+
+
+def test_imports_point_down_only():
+    upward = []
+    for importer, imported in _graph().items():
+        _, rank = _layer(importer)
+        for target in imported:
+            if _is_package_init(target, importer):
+                continue
+            top, target_rank = _layer(target)
+            if target_rank > rank:
+                upward.append(f"{importer} imports {target} (layer {top!r} is above)")
+    assert not upward, "\n".join(sorted(upward))
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    # Tarjan's strongly connected components: any component of more than one module is a cycle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle():
+    graph = {m: {t for t in deps if not _is_package_init(t, m)} for m, deps in _graph().items()}
+    # A package's __init__ re-exporting its own submodules is not a cycle between concerns.
+    for m, deps in graph.items():
+        graph[m] = {t for t in deps if not (t.startswith(m + ".") or m.startswith(t + ".") and _is_init(t))}
+    assert _cycles(graph) == []
+
+
+def _is_init(module: str) -> bool:
+    return (SRC.parent / module.replace(".", "/") / "__init__.py").exists()
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        ("trainwright.trainer", "trainwright.loop.trainer"),
+        ("trainwright.runtime", "trainwright.distributed.runtime"),
+    ],
+)
+def test_old_module_paths_still_import_with_a_deprecation_warning(old, new):
+    import importlib
+    import sys
+
+    sys.modules.pop(old, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new)
+    assert module.__spec__.name == new
+    assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught)
