@@ -17,17 +17,32 @@ import functools
 import logging
 import os
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 
+from trainwright.args.training_args import TrainingArguments
 from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import TrainerState
 from trainwright.distributed import device_cache
 from trainwright.modeling.loss import LossWindow
 
-if TYPE_CHECKING:
-    from trainwright.loop.trainer import Trainer
+
+class RetryableTrainer(Protocol):
+    """The run state a batch-size retry resets (a Protocol, so this module never imports the loop)."""
+
+    args: TrainingArguments
+    runtime: Any
+    model: Any
+    model_wrapped: Any
+    optimizer: Any
+    lr_scheduler: Any
+    cursor: Any
+    _losses: Any
+    _train_batch_size: int | None
+
+    def _inner_training_loop(self, *args: Any, **kwargs: Any) -> Any: ...
+
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -91,7 +106,7 @@ def saved_batch_size(checkpoint: str) -> int | None:
     return state.train_batch_size
 
 
-def train_with_search(trainer: Trainer, resume_path: str | None, run: Callable[[int], T]) -> T:
+def train_with_search(trainer: RetryableTrainer, resume_path: str | None, run: Callable[[int], T]) -> T:
     """Run the inner loop `run(batch_size)` under the batch size search. For each try the Trainer's
     `args.per_device_train_batch_size` is the size being tried (everything that reads the batch
     geometry, checkpoints included, sees the real one); the caller's value is put back at the end
@@ -134,7 +149,7 @@ def train_with_search(trainer: Trainer, resume_path: str | None, run: Callable[[
         args.per_device_train_batch_size = given
 
 
-def inner_loop(trainer: Trainer, resume_path: str | None) -> Callable[..., Any]:
+def inner_loop(trainer: RetryableTrainer, resume_path: str | None) -> Callable[..., Any]:
     """`trainer._inner_training_loop` with its `batch_size` bound: the given one, or, with
     `auto_find_batch_size`, the one the search settles on (upstream's `find_executable_batch_size`)."""
     function = trainer._inner_training_loop

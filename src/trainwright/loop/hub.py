@@ -24,12 +24,31 @@ import shutil
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from trainwright.args.training_args import TrainingArguments
 from trainwright.checkpoint import folder as ckpt
+from trainwright.core.events import CallbackHandler
+from trainwright.core.state import TrainerControl, TrainerState
 
-if TYPE_CHECKING:
-    from trainwright.loop.trainer import Trainer
+
+class HubTrainer(Protocol):
+    """What the Hub pushes need of the Trainer (a Protocol, so this module never imports the loop)."""
+
+    args: TrainingArguments
+    state: TrainerState
+    control: TrainerControl
+    callback_handler: CallbackHandler
+    model: Any
+    processing_class: Any
+    hub_model_id: str | None
+    push_in_progress: PushInProgress | None
+
+    def is_world_process_zero(self) -> bool: ...
+    def save_model(self, *args: Any, **kwargs: Any) -> Any: ...
+    def init_hf_repo(self, *args: Any, **kwargs: Any) -> Any: ...
+    def create_model_card(self, *args: Any, **kwargs: Any) -> Any: ...
+
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +104,7 @@ def hf_api() -> Any:
     return _APIS[constants.ENDPOINT]
 
 
-def _setting(trainer: Trainer) -> str:
+def _setting(trainer: HubTrainer) -> str:
     args = trainer.args
     what = "push_to_hub=True" if args.push_to_hub else "Trainer.push_to_hub()"
     return f"{what} / hub_model_id={args.hub_model_id!r}"
@@ -117,7 +136,7 @@ def explain(error: BaseException, setting: str) -> Exception | None:
 
 
 @contextlib.contextmanager
-def _hub_call(trainer: Trainer) -> Iterator[None]:
+def _hub_call(trainer: HubTrainer) -> Iterator[None]:
     try:
         yield
     except Exception as e:
@@ -127,7 +146,7 @@ def _hub_call(trainer: Trainer) -> Iterator[None]:
         raise explained from e
 
 
-def _watch(trainer: Trainer, job: futures.Future, what: str) -> futures.Future:
+def _watch(trainer: HubTrainer, job: futures.Future, what: str) -> futures.Future:
     setting = _setting(trainer)
 
     def report(done: futures.Future) -> None:
@@ -139,7 +158,7 @@ def _watch(trainer: Trainer, job: futures.Future, what: str) -> futures.Future:
     return job
 
 
-def init_repo(trainer: Trainer, token: str | None = None, private: bool | None = None) -> None:
+def init_repo(trainer: HubTrainer, token: str | None = None, private: bool | None = None) -> None:
     """Create the repository if needed and record its id in `trainer.hub_model_id` (main process)."""
     if not trainer.is_world_process_zero():
         return
@@ -166,7 +185,7 @@ def _copy_model_files(checkpoint: str, output_dir: str) -> None:
             shutil.copy(os.path.join(checkpoint, name), os.path.join(output_dir, name))
 
 
-def push_from_checkpoint(trainer: Trainer, checkpoint: str) -> None:
+def push_from_checkpoint(trainer: HubTrainer, checkpoint: str) -> None:
     """Push `output_dir` (and, per `hub_strategy`, the checkpoint) in the background after a save."""
     args = trainer.args
     if not trainer.is_world_process_zero() or args.hub_strategy == "end":
@@ -221,7 +240,7 @@ def push_from_checkpoint(trainer: Trainer, checkpoint: str) -> None:
         in_flight.jobs.extend(jobs)
 
 
-def finish_current_push(trainer: Trainer) -> None:
+def finish_current_push(trainer: HubTrainer) -> None:
     """Wait for the background push of the last checkpoint (end of training, before a final push)."""
     in_flight = getattr(trainer, "push_in_progress", None)
     if in_flight is not None and not in_flight.is_done():
@@ -230,7 +249,7 @@ def finish_current_push(trainer: Trainer) -> None:
 
 
 def push_to_hub(
-    trainer: Trainer,
+    trainer: HubTrainer,
     commit_message: str | None = "End of training",
     blocking: bool = True,
     token: str | None = None,
