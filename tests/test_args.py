@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-import trainwright.args.training_args as args_mod
+import trainwright.args.aliases as aliases_mod
 from trainwright.args.training_args import (
     V4_V5_CHOICES,
     Seq2SeqTrainingArguments,
@@ -34,7 +34,7 @@ from trainwright.distributed import runtime as runtime_module
 @pytest.fixture(autouse=True)
 def _fresh_warnings(monkeypatch):
     # Old-name warnings are emitted once per process; give every test a fresh record.
-    monkeypatch.setattr(args_mod, "_WARNED", set())
+    monkeypatch.setattr(aliases_mod, "_WARNED", set())
 
 
 def make(**kwargs) -> TrainingArguments:
