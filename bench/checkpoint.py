@@ -156,7 +156,7 @@ def trainwright_save(trainer: Trainer) -> float:
 
 def save_without_checksums(trainer: Trainer) -> float:
     """The same save with the checksum computation switched off, to measure what it adds."""
-    from trainwright.checkpoint import folder as ckpt_module
+    from trainwright.checkpoint import verify as ckpt_module
 
     real = ckpt_module.file_checksum
     ckpt_module.file_checksum = lambda path: ""

@@ -24,7 +24,7 @@ import warnings
 import pytest
 import torch
 
-from trainwright.checkpoint import folder as ckpt
+import trainwright.checkpoint as ckpt
 
 _ZYGOTE = textwrap.dedent(
     """
@@ -32,7 +32,7 @@ _ZYGOTE = textwrap.dedent(
     import torch
 
     torch.set_num_threads(1)  # no thread pools: forking below stays safe
-    from trainwright.checkpoint import folder as ckpt
+    import trainwright.checkpoint as ckpt
 
     WIDTH = int(sys.argv[1])
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import RegressionDataset, RegressionModel
 
+import trainwright.checkpoint as ckpt
 from trainwright import Trainer
-from trainwright.checkpoint import folder as ckpt
 
 
 def run(make_args, **kw):
@@ -100,7 +100,7 @@ def test_symlinked_files_and_folders_are_refused(make_args, tmp_path):
 
 
 def test_a_shard_index_that_points_outside_is_refused(tmp_path):
-    from trainwright.checkpoint.files import CheckpointError, load_model_weights
+    from trainwright.checkpoint import CheckpointError, load_model_weights
 
     folder = tmp_path / "ckpt"
     folder.mkdir()

@@ -20,8 +20,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from trainwright.checkpoint import files as checkpoint_io
-from trainwright.checkpoint import folder as ckpt
+import trainwright.checkpoint as ckpt
+from trainwright.checkpoint import folder
+from trainwright.checkpoint import weights as checkpoint_weights
 
 
 # -- helpers -------------------------------------------------------------------------------------------
@@ -96,7 +97,7 @@ def test_tied_weights_are_stored_once_and_retied(tmp_path):
     stored = load_file(str(tmp_path / "model.safetensors"))
     assert sorted(stored) == ["embed.weight", "norm.bias", "norm.weight"]
     with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
-        assert json.loads(f.metadata()[checkpoint_io.ALIASES_KEY]) == {"decoder.weight": "embed.weight"}
+        assert json.loads(f.metadata()[checkpoint_weights.ALIASES_KEY]) == {"decoder.weight": "embed.weight"}
 
     tied = _Tied()
     ckpt.load_model_weights(tied, tmp_path)
@@ -147,7 +148,7 @@ def test_sharded_tied_model_keeps_aliases_in_index(tmp_path):
     model = _Tied()
     ckpt.save_model_weights(model, tmp_path, max_shard_size=100)
     index = json.loads((tmp_path / ckpt.WEIGHTS_INDEX_NAME).read_text())
-    assert index["metadata"][checkpoint_io.ALIASES_KEY] == {"decoder.weight": "embed.weight"}
+    assert index["metadata"][checkpoint_weights.ALIASES_KEY] == {"decoder.weight": "embed.weight"}
     untied = _Tied(tie=False)
     ckpt.load_model_weights(untied, tmp_path)
     assert torch.equal(untied.decoder.weight, model.embed.weight)
@@ -541,7 +542,7 @@ def _enospc_save_file(tensors, filename, metadata=None):
 
 def test_full_disk_raises_and_keeps_earlier_checkpoints(tmp_path, monkeypatch):
     earlier = _fake_checkpoint(tmp_path, 1, b"safe")
-    monkeypatch.setattr(checkpoint_io, "save_file", _enospc_save_file)
+    monkeypatch.setattr(checkpoint_weights, "save_file", _enospc_save_file)
     with pytest.raises(
         ckpt.CheckpointError, match=f"checkpoint 'checkpoint-2' in {tmp_path}: No space left on device"
     ) as info:
@@ -743,7 +744,7 @@ def test_deletion_hides_the_folder_before_removing_it(tmp_path, monkeypatch):
     _fake_checkpoint(tmp_path, 1)
     newest = _fake_checkpoint(tmp_path, 2)
     # Simulate a crash after the rename, before the removal finished.
-    monkeypatch.setattr(ckpt.shutil, "rmtree", lambda *a, **k: None)
+    monkeypatch.setattr(folder.shutil, "rmtree", lambda *a, **k: None)
     assert ckpt.rotate_checkpoints(tmp_path, save_total_limit=1) == [str(tmp_path / "checkpoint-1")]
     (hidden,) = _hidden(tmp_path)
     assert hidden.startswith(".checkpoint-1.trash-")
@@ -757,7 +758,7 @@ def test_deletion_hides_the_folder_before_removing_it(tmp_path, monkeypatch):
 _TWO_RANKS = textwrap.dedent(
     """
     import errno, os, sys
-    from trainwright.checkpoint import folder as ckpt
+    import trainwright.checkpoint as ckpt
     from trainwright.distributed.runtime import get_runtime
 
     out = sys.argv[1]

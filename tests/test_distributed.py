@@ -32,7 +32,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainwright.checkpoint import folder as ckpt
+import trainwright.checkpoint as ckpt
 from trainwright.distributed.fsdp import MODEL_DIR, OPTIMIZER_DIR, _wrap_units, load_sharded
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -27,10 +27,10 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+import trainwright.checkpoint as ckpt
 from trainwright import Trainer, TrainerCallback, TrainingArguments
 from trainwright.checkpoint import files as checkpoint_io
-from trainwright.checkpoint import folder as ckpt
-from trainwright.checkpoint import output_lock
+from trainwright.checkpoint import folder, output_lock, weights
 from trainwright.checkpoint.output_lock import LOCK_NAME, OutputDirError, OutputDirInUseError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -369,7 +369,7 @@ def test_disk_full_errors_monkeypatched(tmp_path, monkeypatch):
             fh.write(b"partial")
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    monkeypatch.setattr(checkpoint_io, "save_file", safetensors_full)
+    monkeypatch.setattr(weights, "save_file", safetensors_full)
     with pytest.raises(ckpt.CheckpointError) as info:
         ckpt.write_checkpoint(out, "checkpoint-5", lambda tmp: ckpt.save_model_weights(_Net(), tmp))
     _check_full_disk_error(info.value, out, "checkpoint-5", "while writing model.safetensors")
@@ -442,14 +442,14 @@ def test_write_checkpoint_cleans_up_on_keyboard_interrupt_and_system_exit(tmp_pa
             ckpt.write_checkpoint(tmp_path, "checkpoint-2", interrupted)
         assert sorted(os.listdir(tmp_path)) == ["checkpoint-1"]
 
-    real_fsync_dir = ckpt.fsync_dir
+    real_fsync_dir = folder.fsync_dir
 
     def interrupt_commit(path):  # Ctrl-C while the folder is being committed
         if os.path.basename(os.fspath(path)).startswith(".checkpoint-"):
             raise KeyboardInterrupt
         return real_fsync_dir(path)
 
-    monkeypatch.setattr(ckpt, "fsync_dir", interrupt_commit)
+    monkeypatch.setattr(folder, "fsync_dir", interrupt_commit)
     for name in ("checkpoint-2", "checkpoint-1"):  # a new one, and one replacing a checkpoint
         with pytest.raises(KeyboardInterrupt):
             ckpt.write_checkpoint(tmp_path, name, lambda tmp: ckpt.save_model_weights(_Net(), tmp))

@@ -9,7 +9,7 @@ import torch
 from conftest import RegressionDataset, RegressionModel, tiny_t5
 
 from trainwright import Seq2SeqTrainer, Seq2SeqTrainingArguments, Trainer
-from trainwright.data.loading import default_data_collator
+from trainwright.data import default_data_collator
 
 transformers = pytest.importorskip("transformers")
 
@@ -163,7 +163,7 @@ def test_resume_loads_weights_through_the_models_own_load_state_dict(make_args, 
             self.a = torch.nn.Parameter(torch.tensor(0.0))
             self.register_buffer("memory", torch.zeros(0))
 
-    from trainwright.checkpoint.files import CheckpointError, load_model_weights
+    from trainwright.checkpoint import CheckpointError, load_model_weights
 
     with pytest.raises(CheckpointError, match="size mismatch for memory"):
         load_model_weights(Plain(), tmp_path / "out" / "checkpoint-2")

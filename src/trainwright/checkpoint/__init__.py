@@ -1,6 +1,8 @@
-"""Checkpoint folders: atomic writes, weights formats, RNG state, discovery, rotation, the output-dir lock."""
+"""Checkpoint folders: the Stateful parts a checkpoint holds (manager.py), atomic writes, discovery and
+rotation (folder.py), the manifest (verify.py), file formats (files.py, weights.py), RNG state, the
+output-dir lock. The names callers use are re-exported here."""
 
-from trainwright.checkpoint.folder import (
+from trainwright.checkpoint.files import (
     CHECKPOINT_COMPLETE_NAME,
     DATA_STATE_NAME,
     OPTIMIZER_NAME,
@@ -16,28 +18,29 @@ from trainwright.checkpoint.folder import (
     WEIGHTS_NAME,
     CheckpointError,
     CheckpointFileNotFoundError,
-    WeightsLoadResult,
-    capture_rng_state,
-    check_checkpoint_files,
+    read_json,
+    safe_torch_load,
+    save_torch_state,
+    write_json,
+)
+from trainwright.checkpoint.folder import (
     clean_checkpoint_leftovers,
     delete_checkpoint,
     get_last_checkpoint,
-    load_model_weights,
+    rotate_checkpoints,
+    sort_checkpoints,
+    write_checkpoint,
+)
+from trainwright.checkpoint.rng import (
+    capture_rng_state,
     load_rng_state,
-    parse_size,
-    read_json,
     restore_rng_state,
     rng_state_file,
-    rotate_checkpoints,
-    safe_torch_load,
-    save_model_weights,
     save_rng_state,
-    save_torch_state,
-    sort_checkpoints,
-    verify_checkpoint,
-    write_checkpoint,
-    write_json,
 )
+from trainwright.checkpoint.verify import check_checkpoint_files, verify_checkpoint
+from trainwright.checkpoint.weights import WeightsLoadResult, load_model_weights, save_model_weights
+from trainwright.core.units import parse_size
 
 __all__ = [
     "CHECKPOINT_COMPLETE_NAME",

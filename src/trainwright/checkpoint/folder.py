@@ -6,16 +6,13 @@ absent: `write_checkpoint` fills a hidden sibling `.{name}.tmp-<token>`, writes
 folder into place. The rename is the commit, so a crash at any instant leaves the previous checkpoints
 usable; hidden leftovers are ignored by discovery and removed by the next `write_checkpoint`.
 
-Public API (file formats live in `checkpoint_io` and `rng`, re-exported here):
+Public API (file formats live in `files`, `weights` and `rng`; verification in `verify`):
 
 * `write_checkpoint(output_dir, name, write_fn, *, runtime=None) -> str`: `write_fn(tmp_dir)` writes the
   files; with several processes pass the `Runtime`: every rank calls it with the same `name`, every rank's
   `write_fn` writes its own files (e.g. `rng_state_<rank>.pth`) into the shared folder, rank 0 commits.
   Failures raise `CheckpointError` on every rank and leave earlier checkpoints untouched.
 * `get_last_checkpoint(folder) -> str | None`: the newest checkpoint that verifies.
-* `verify_checkpoint(path) -> list[str]`: problems (missing files, sizes that differ from the marker).
-* `check_checkpoint_files(path, need=(...), *, rank=0, world_size=1) -> list[str]`: the files a resume
-  needs, present and readable (JSON parses, archives and safetensors headers intact), before any work.
 * `sort_checkpoints(...)`, `rotate_checkpoints(...) -> list[str]`: transformers' ordering and
   `save_total_limit` outcomes; the newest and the best checkpoint are never deleted, and a folder is
   renamed out of sight before it is deleted.
@@ -28,94 +25,27 @@ Several processes must share one filesystem: rank 0 lists, fsyncs and renames th
 from __future__ import annotations
 
 import concurrent.futures
-import mmap
 import os
 import re
 import secrets
 import shutil
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from trainwright.checkpoint.files import (
     CHECKPOINT_COMPLETE_NAME,
-    DATA_STATE_NAME,
-    OPTIMIZER_NAME,
     PREFIX_CHECKPOINT_DIR,
-    PT_WEIGHTS_INDEX_NAME,
-    PT_WEIGHTS_NAME,
-    RNG_STATE_NAME,
-    SCALER_NAME,
-    SCHEDULER_NAME,
-    TRAINER_STATE_NAME,
-    TRAINING_ARGS_NAME,
-    WEIGHTS_INDEX_NAME,
-    WEIGHTS_NAME,
     CheckpointError,
-    CheckpointFileNotFoundError,
     CheckpointWriteError,
-    WeightsLoadResult,
     deferred_fsync,
     describe_write_error,
     fsync_dir,
     fsync_file,
     is_write_error,
-    load_model_weights,
-    parse_size,
-    read_json,
-    safe_torch_load,
-    safetensors_problem,
-    save_model_weights,
-    save_torch_state,
-    torch_file_problem,
     write_json,
 )
-from trainwright.checkpoint.rng import (
-    capture_rng_state,
-    load_rng_state,
-    restore_rng_state,
-    rng_state_file,
-    save_rng_state,
-)
-
-__all__ = [
-    "CHECKPOINT_COMPLETE_NAME",
-    "DATA_STATE_NAME",
-    "OPTIMIZER_NAME",
-    "PREFIX_CHECKPOINT_DIR",
-    "PT_WEIGHTS_INDEX_NAME",
-    "PT_WEIGHTS_NAME",
-    "RNG_STATE_NAME",
-    "SCALER_NAME",
-    "SCHEDULER_NAME",
-    "TRAINER_STATE_NAME",
-    "TRAINING_ARGS_NAME",
-    "WEIGHTS_INDEX_NAME",
-    "WEIGHTS_NAME",
-    "CheckpointError",
-    "CheckpointFileNotFoundError",
-    "WeightsLoadResult",
-    "capture_rng_state",
-    "check_checkpoint_files",
-    "clean_checkpoint_leftovers",
-    "delete_checkpoint",
-    "get_last_checkpoint",
-    "load_model_weights",
-    "load_rng_state",
-    "parse_size",
-    "read_json",
-    "restore_rng_state",
-    "rng_state_file",
-    "rotate_checkpoints",
-    "safe_torch_load",
-    "save_model_weights",
-    "save_rng_state",
-    "save_torch_state",
-    "sort_checkpoints",
-    "verify_checkpoint",
-    "write_checkpoint",
-    "write_json",
-]
+from trainwright.checkpoint.verify import CHECKSUM_ALGORITHM, file_checksum, verify_checkpoint
 
 # `.{name}.tmp-<token>`: being written; `.{name}.old-<token>`: a checkpoint being replaced by a new save
 # of the same name; `.{name}.trash-<token>`: being deleted by rotation.
@@ -128,163 +58,6 @@ def _token() -> str:
 
 def _step_re(prefix: str) -> re.Pattern[str]:
     return re.compile(rf"^{re.escape(prefix)}-(\d+)$")
-
-
-# -- verification -----------------------------------------------------------------------------------
-
-
-def _weights_problems(path: str) -> list[str]:
-    index = os.path.join(path, WEIGHTS_INDEX_NAME)
-    if os.path.isfile(index):
-        try:
-            weight_map = read_json(index).get("weight_map")
-        except (CheckpointError, AttributeError) as exc:
-            return [f"{WEIGHTS_INDEX_NAME} is unreadable: {exc}"]
-        if not isinstance(weight_map, dict):
-            return [f"{WEIGHTS_INDEX_NAME} has no 'weight_map' object"]
-        return [
-            f"{f} is missing"
-            for f in sorted(set(weight_map.values()))
-            if not os.path.isfile(os.path.join(path, f))
-        ]
-    names = (
-        WEIGHTS_NAME,
-        PT_WEIGHTS_NAME,
-        PT_WEIGHTS_INDEX_NAME,
-        "adapter_model.safetensors",
-        "adapter_model.bin",
-    )
-    if any(os.path.isfile(os.path.join(path, n)) for n in names):
-        return []
-    if any(e.startswith("pytorch_model_fsdp") for e in os.listdir(path)):
-        return []
-    return [f"no model weights ({WEIGHTS_NAME}, {WEIGHTS_INDEX_NAME} or {PT_WEIGHTS_NAME})"]
-
-
-CHECKSUM_ALGORITHM = "xxh3_64"
-
-
-def file_checksum(path: str) -> str:
-    """xxh3-64 of a file's bytes (about 30 GB/s from the page cache: a few % of a save)."""
-    import xxhash
-
-    digest = xxhash.xxh3_64()
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size:
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
-                digest.update(view)
-    return digest.hexdigest()
-
-
-def _links_in(path: str) -> list[str]:
-    found = []
-    for root, dirs, names in os.walk(path):
-        for n in dirs + names:
-            if os.path.islink(os.path.join(root, n)):
-                found.append(os.path.relpath(os.path.join(root, n), path))
-    return found
-
-
-def verify_checkpoint(path: str | os.PathLike, checksums: bool = True) -> list[str]:
-    """Problems with a checkpoint folder; an empty list means it is complete.
-
-    With `checkpoint_complete.json` every listed file must exist with its recorded size and (when
-    `checksums`) its recorded checksum, so same-size damage is caught too. Without it (a folder
-    written by transformers, which has no marker) it needs `trainer_state.json` and model weights.
-    A checkpoint folder, or anything in it, that is a symbolic link is refused: its files must be
-    its own.
-    """
-    path = os.fspath(path)
-    if os.path.islink(path.rstrip(os.sep)):
-        return [f"{path} is a symbolic link (a checkpoint folder must be a real folder)"]
-    if not os.path.isdir(path):
-        return [f"{path} is not a folder"]
-    links = _links_in(path)
-    if links:
-        return [f"{rel} is a symbolic link (a checkpoint's files must be its own)" for rel in links]
-    marker = os.path.join(path, CHECKPOINT_COMPLETE_NAME)
-    if not os.path.exists(marker):
-        problems = (
-            []
-            if os.path.isfile(os.path.join(path, TRAINER_STATE_NAME))
-            else [f"{TRAINER_STATE_NAME} is missing"]
-        )
-        return problems + _weights_problems(path)
-    try:
-        manifest = read_json(marker)
-        files = manifest.get("files")
-    except (CheckpointError, AttributeError) as exc:
-        return [f"{CHECKPOINT_COMPLETE_NAME} is unreadable: {exc}"]
-    if not isinstance(files, dict):
-        return [f"{CHECKPOINT_COMPLETE_NAME} has no 'files' object"]
-    sums = manifest.get("checksums") if checksums and manifest.get("checksum") == CHECKSUM_ALGORITHM else None
-    problems = []
-    for rel, size in sorted(files.items()):
-        full = os.path.join(path, rel)
-        if not os.path.isfile(full):
-            problems.append(f"{rel} is missing")
-        elif os.path.getsize(full) != size:
-            problems.append(f"{rel} has {os.path.getsize(full)} bytes, expected {size}")
-        elif isinstance(sums, dict) and rel in sums and file_checksum(full) != sums[rel]:
-            problems.append(
-                f"{rel} is damaged (its checksum differs from the one recorded when it was written)"
-            )
-    return problems
-
-
-NEEDS = ("model", "optimizer", "scheduler", "scaler", "trainer_state", "training_args", "data_state", "rng")
-
-
-def check_checkpoint_files(
-    path: str | os.PathLike,
-    need: Iterable[str] = ("model", "optimizer", "scheduler", "trainer_state"),
-    *,
-    rank: int = 0,
-    world_size: int = 1,
-) -> list[str]:
-    """Which of the files a resume needs are missing or damaged, each message naming file and folder.
-
-    `need` items: "model", "optimizer", "scheduler", "scaler", "trainer_state", "training_args",
-    "data_state", "rng" (this rank's file). Checks are cheap (no tensor is loaded): JSON parses,
-    `torch.save` archives have an intact zip directory, safetensors sizes match their headers.
-    """
-    need = list(need)
-    unknown = [n for n in need if n not in NEEDS]
-    if unknown:
-        raise ValueError(f"check_checkpoint_files: unknown need {unknown}; choose from {list(NEEDS)}")
-    path = os.fspath(path)
-    if not os.path.isdir(path):
-        return [f"checkpoint folder {path} does not exist"]
-    problems = verify_checkpoint(path) if os.path.exists(os.path.join(path, CHECKPOINT_COMPLETE_NAME)) else []
-    torch_files = {"optimizer": OPTIMIZER_NAME, "scheduler": SCHEDULER_NAME, "scaler": SCALER_NAME}
-    json_files = {
-        "trainer_state": TRAINER_STATE_NAME,
-        "training_args": TRAINING_ARGS_NAME,
-        "data_state": DATA_STATE_NAME,
-    }
-    for item in need:
-        if item == "model":
-            found = _weights_problems(path)
-            if not found:
-                shards = [WEIGHTS_NAME] if os.path.isfile(os.path.join(path, WEIGHTS_NAME)) else []
-                index = os.path.join(path, WEIGHTS_INDEX_NAME)
-                if os.path.isfile(index):
-                    shards = sorted(set(read_json(index)["weight_map"].values()))
-                found = [p for s in shards if (p := safetensors_problem(os.path.join(path, s)))]
-            problems += found
-        elif item in torch_files:
-            problems += [p for p in [torch_file_problem(os.path.join(path, torch_files[item]))] if p]
-        elif item in json_files:
-            try:
-                read_json(os.path.join(path, json_files[item]))
-            except CheckpointFileNotFoundError:
-                problems.append(f"{json_files[item]} is missing")
-            except CheckpointError as exc:
-                problems.append(str(exc))
-        else:
-            rng = rng_state_file(path, rank, world_size)
-            problems += [p for p in [torch_file_problem(rng)] if p]
-    return [p if path in p else f"{p} (in {path})" for p in dict.fromkeys(problems)]
 
 
 # -- discovery and rotation ---------------------------------------------------------------------------

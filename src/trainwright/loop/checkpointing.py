@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainwright.checkpoint import folder as ckpt
+import trainwright.checkpoint as ckpt
 from trainwright.core.state import ExportableState, LoopCursor, TrainerState
 from trainwright.distributed import fsdp
 

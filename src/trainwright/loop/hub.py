@@ -26,8 +26,8 @@ from concurrent import futures
 from pathlib import Path
 from typing import Any, Protocol
 
+import trainwright.checkpoint as ckpt
 from trainwright.args.training_args import TrainingArguments
-from trainwright.checkpoint import folder as ckpt
 from trainwright.core.events import CallbackHandler
 from trainwright.core.state import TrainerControl, TrainerState
 

@@ -1,0 +1,387 @@
+"""Model weights in a checkpoint folder: safetensors (tied weights stored once, sharded above a size),
+transformers' `save_pretrained`, and loading either (or `pytorch_model.bin`, weights-only) back.
+
+* `save_model_weights(model, directory, *, max_shard_size="5GB", state_dict=None, is_main_process=True)`:
+  a transformers `PreTrainedModel` goes through `save_pretrained` (so `from_pretrained` reads it); any
+  other module is written with safetensors (`{"format": "pt"}` metadata), one name kept per shared
+  storage and the other names recorded as aliases, sharded as `model-0000i-of-0000n.safetensors` +
+  `model.safetensors.index.json` above `max_shard_size`.
+* `load_model_weights(model, directory, strict=True) -> WeightsLoadResult`: reads what
+  `save_model_weights` or transformers wrote (`model.safetensors`, its sharded index, or
+  `pytorch_model.bin` through `torch.load(weights_only=True)`); keys and shapes are checked before any
+  weight is copied.
+* `safetensors_problem(path)`: a cheap check (header against size) before a resume loads anything.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import struct
+import sys
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard, cast
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from trainwright.checkpoint.files import (
+    PT_WEIGHTS_INDEX_NAME,
+    PT_WEIGHTS_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    CheckpointError,
+    CheckpointFileNotFoundError,
+    file_missing,
+    make_durable,
+    read_json,
+    safe_torch_load,
+    write_json,
+    writing_file,
+)
+from trainwright.core.units import parse_size
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+# Safetensors metadata key (and index metadata key) holding {alias: kept_name} for shared tensors.
+ALIASES_KEY = "trainwright_aliases"
+_SHARD_RE = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
+
+
+class WeightsLoadResult(NamedTuple):
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+
+def _preview(keys: Iterable[str], limit: int = 10) -> str:
+    keys = sorted(keys)
+    shown = ", ".join(keys[:limit])
+    return f"[{shown}{', ...' if len(keys) > limit else ''}] ({len(keys)})"
+
+
+# -- saving ----------------------------------------------------------------------------------
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module whose state_dict keys are the model's own (no DDP `module.` / compile `_orig_mod.`)."""
+    while True:
+        if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+            model = cast(torch.nn.Module, model._orig_mod)  # checked just above
+        else:
+            return model
+
+
+def _is_pretrained_model(model: torch.nn.Module) -> TypeGuard[PreTrainedModel]:
+    # An instance of a transformers class implies transformers is imported; never import it ourselves.
+    transformers = sys.modules.get("transformers")
+    return transformers is not None and isinstance(model, transformers.PreTrainedModel)
+
+
+def _view_key(t: torch.Tensor) -> tuple | None:
+    """Identity of the memory a tensor views; None for tensors that cannot share (empty, meta)."""
+    if t.device.type == "meta" or t.numel() == 0:
+        return None
+    storage = t.untyped_storage()
+    if storage.data_ptr() == 0:
+        return None
+    return (t.device, storage.data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+def _split_shared(state_dict: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors safetensors can store (one name per storage) and {alias: kept_name} for identical views."""
+    tensors: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    views: dict[tuple, str] = {}
+    storages: set[tuple] = set()
+    for name, t in state_dict.items():
+        if not isinstance(t, torch.Tensor):
+            raise CheckpointError(
+                f"state_dict[{name!r}] is a {type(t).__name__}; safetensors stores tensors only"
+            )
+        key = _view_key(t)
+        if key is not None:
+            if key in views:
+                aliases[name] = views[key]
+                continue
+            if key[:2] in storages:
+                # A different view of memory another entry uses (e.g. a slice of a fused weight):
+                # safetensors refuses shared storage, so this one is stored as its own copy.
+                t = t.clone()
+            views[key] = name
+            storages.add(key[:2])
+        tensors[name] = t.detach().contiguous()
+    return tensors, aliases
+
+
+def _plan_shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[list[str]]:
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    return shards
+
+
+def _remove_stale_weights(directory: str, keep: set[str]) -> None:
+    for entry in os.listdir(directory):
+        if entry in keep:
+            continue
+        if entry in (WEIGHTS_NAME, WEIGHTS_INDEX_NAME) or _SHARD_RE.match(entry):
+            os.unlink(os.path.join(directory, entry))
+
+
+def _save_state_dict(state_dict: Mapping[str, Any], directory: str, max_bytes: int) -> list[str]:
+    tensors, aliases = _split_shared(state_dict)
+    shards = _plan_shards(tensors, max_bytes)
+    metadata = {"format": "pt"}
+    if len(shards) == 1:
+        if aliases:
+            metadata[ALIASES_KEY] = json.dumps(aliases, sort_keys=True)
+        names = {WEIGHTS_NAME: shards[0]}
+    else:
+        n = len(shards)
+        names = {f"model-{i + 1:05d}-of-{n:05d}.safetensors": shard for i, shard in enumerate(shards)}
+    for filename, keys in names.items():
+        path = os.path.join(directory, filename)
+        with writing_file(path):
+            save_file({k: tensors[k] for k in keys}, path, metadata=metadata)
+        make_durable(path)
+    written = list(names)
+    if len(shards) > 1:
+        index_meta: dict[str, Any] = {
+            "total_size": sum(t.numel() * t.element_size() for t in tensors.values())
+        }
+        if aliases:
+            index_meta[ALIASES_KEY] = aliases
+        weight_map = {k: f for f, keys in names.items() for k in keys}
+        write_json(
+            os.path.join(directory, WEIGHTS_INDEX_NAME), {"metadata": index_meta, "weight_map": weight_map}
+        )
+        written.append(WEIGHTS_INDEX_NAME)
+    _remove_stale_weights(directory, set(written))
+    return written
+
+
+def save_model_weights(
+    model: torch.nn.Module,
+    directory: str | os.PathLike,
+    *,
+    max_shard_size: int | str = "5GB",
+    state_dict: Mapping[str, torch.Tensor] | None = None,
+    is_main_process: bool = True,
+) -> None:
+    """Write a model's weights into `directory` as safetensors (see the module docstring for the layout)."""
+    directory = os.fspath(directory)
+    max_bytes = parse_size(max_shard_size)
+    model = _unwrap(model)
+    if _is_pretrained_model(model):
+        kwargs: dict[str, Any] = {"is_main_process": is_main_process, "state_dict": state_dict}
+        if "safe_serialization" in inspect.signature(model.save_pretrained).parameters:
+            kwargs["safe_serialization"] = True  # transformers v4; v5 always writes safetensors
+        from trainwright.core.third_party import deepspeed_left_unimported
+
+        with deepspeed_left_unimported():  # accelerate would import it (seconds, a warning) to unwrap
+            model.save_pretrained(directory, max_shard_size=max_bytes, **kwargs)
+        return
+    if not is_main_process:
+        return
+    os.makedirs(directory, exist_ok=True)
+    _save_state_dict(model.state_dict() if state_dict is None else state_dict, directory, max_bytes)
+
+
+class _WeightFiles(NamedTuple):
+    kind: str  # "safetensors" or "pt"
+    files: list[str]
+    aliases: dict[str, str]
+    described: str  # what the error messages call it
+
+
+def _shard_files(directory: str, index_name: str) -> tuple[list[str], dict]:
+    index_path = os.path.join(directory, index_name)
+    index = read_json(index_path)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index_path} has no 'weight_map' object")
+    files = []
+    for name in dict.fromkeys(weight_map.values()):
+        path = contained_path(directory, name, index_path)
+        if not os.path.isfile(path):
+            raise file_missing(path)
+        files.append(path)
+    return files, index
+
+
+def contained_path(directory: str, name: Any, source: str) -> str:
+    """`directory/name`, refused (naming `source`, the file that named it) unless it is a plain file
+    name inside `directory`: no absolute path, no `..`, no symbolic link out of the folder."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or os.path.isabs(name)
+        or ".." in name.replace("\\", "/").split("/")
+    ):
+        raise CheckpointError(f"{source} names {name!r}, which is not a file inside {directory}: refused")
+    path = os.path.join(directory, name)
+    if os.path.islink(path) or not os.path.realpath(path).startswith(os.path.realpath(directory) + os.sep):
+        raise CheckpointError(f"{path} is a symbolic link or leaves {directory}: refused")
+    return path
+
+
+def _find_weight_files(directory: str) -> _WeightFiles:
+    if not os.path.isdir(directory):
+        raise CheckpointFileNotFoundError(f"checkpoint folder {directory} does not exist")
+    join = os.path.join
+    links = [
+        n
+        for n in (WEIGHTS_NAME, WEIGHTS_INDEX_NAME, PT_WEIGHTS_NAME, PT_WEIGHTS_INDEX_NAME)
+        if os.path.islink(join(directory, n))
+    ]
+    if links:
+        raise CheckpointError(
+            f"{join(directory, links[0])} is a symbolic link: a checkpoint's files must be its own"
+        )
+    if os.path.isfile(join(directory, WEIGHTS_INDEX_NAME)):
+        files, index = _shard_files(directory, WEIGHTS_INDEX_NAME)
+        aliases = (index.get("metadata") or {}).get(ALIASES_KEY) or {}
+        return _WeightFiles("safetensors", files, dict(aliases), join(directory, WEIGHTS_INDEX_NAME))
+    if os.path.isfile(join(directory, WEIGHTS_NAME)):
+        path = join(directory, WEIGHTS_NAME)
+        try:
+            with safe_open(path, framework="pt") as f:
+                meta = f.metadata() or {}
+        except Exception as exc:  # safetensors raises its own error types for damaged headers
+            raise CheckpointError(f"could not read {path}: {exc}") from exc
+        aliases = json.loads(meta[ALIASES_KEY]) if ALIASES_KEY in meta else {}
+        return _WeightFiles("safetensors", [path], aliases, path)
+    if os.path.isfile(join(directory, PT_WEIGHTS_INDEX_NAME)):
+        files, _ = _shard_files(directory, PT_WEIGHTS_INDEX_NAME)
+        return _WeightFiles("pt", files, {}, join(directory, PT_WEIGHTS_INDEX_NAME))
+    if os.path.isfile(join(directory, PT_WEIGHTS_NAME)):
+        path = join(directory, PT_WEIGHTS_NAME)
+        return _WeightFiles("pt", [path], {}, path)
+    raise CheckpointFileNotFoundError(
+        f"no model weights in checkpoint folder {directory}: expected {WEIGHTS_NAME}, {WEIGHTS_INDEX_NAME} "
+        f"or {PT_WEIGHTS_NAME}"
+    )
+
+
+def _safetensors_shapes(path: str) -> dict[str, tuple[int, ...]]:
+    try:
+        with safe_open(path, framework="pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as exc:  # safetensors raises its own error types for damaged headers
+        raise CheckpointError(f"could not read {path}: {exc}") from exc
+
+
+def load_model_weights(
+    model: torch.nn.Module, directory: str | os.PathLike, strict: bool = True
+) -> WeightsLoadResult:
+    """Load weights written by `save_model_weights` (or by transformers) into `model`.
+
+    Aliases recorded at save time are filled in, and a key the file lacks is not missing when the model
+    ties it to a key the file has (transformers drops tied weights such as `lm_head.weight`). With
+    `strict=True` any missing or unexpected key raises `CheckpointError` before anything is copied; with
+    `strict=False` they are returned and warned about. Shape mismatches always raise.
+    """
+    directory = os.fspath(directory)
+    found = _find_weight_files(directory)
+    model = _unwrap(model)
+    own = model.state_dict()
+
+    loaded: dict[str, torch.Tensor] = {}
+    if found.kind == "pt":
+        for path in found.files:
+            chunk = safe_torch_load(path)
+            if not isinstance(chunk, dict):
+                raise CheckpointError(f"{path} holds a {type(chunk).__name__}, expected a state dict")
+            loaded.update(chunk)
+        shapes = {k: tuple(v.shape) for k, v in loaded.items()}
+    else:
+        shapes = {}
+        for path in found.files:
+            shapes.update(_safetensors_shapes(path))
+    present = set(shapes) | {a for a, kept in found.aliases.items() if kept in shapes}
+
+    # Keys the model ties together share memory: loading any one of them fills the others.
+    by_view: dict[tuple, list[str]] = {}
+    for k, t in own.items():
+        key = _view_key(t)
+        if key is not None:
+            by_view.setdefault(key, []).append(k)
+    tied_present = {
+        k for names in by_view.values() if any(n in present for n in names) for k in names if k not in present
+    }
+    missing = [k for k in own if k not in present and k not in tied_present]
+    unexpected = sorted(k for k in present if k not in own)
+    if strict and (missing or unexpected):
+        parts = []
+        if missing:
+            parts.append(f"missing keys {_preview(missing)}")
+        if unexpected:
+            parts.append(f"unexpected keys {_preview(unexpected)}")
+        raise CheckpointError(f"{found.described} does not match the model: " + "; ".join(parts))
+    alias_of = {a: kept for a, kept in found.aliases.items() if kept in shapes}
+    # A buffer may change shape (a growing memory, a resized cache): the model's own
+    # load_state_dict / _load_from_state_dict decides, as upstream lets it; parameters must match.
+    params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    wrong = [
+        f"{k}: file {shapes[alias_of.get(k, k)]} vs model {tuple(own[k].shape)}"
+        for k in present
+        if k in own and k in params and shapes[alias_of.get(k, k)] != tuple(own[k].shape)
+    ]
+    if wrong:
+        raise CheckpointError(f"{found.described} has tensors of the wrong shape: {'; '.join(wrong[:10])}")
+
+    if found.kind == "pt":
+        chunks: Iterable[dict[str, torch.Tensor]] = [loaded]
+    else:
+        chunks = (load_file(path, device="cpu") for path in found.files)
+    for chunk in chunks:
+        for alias, kept in alias_of.items():
+            if kept in chunk:
+                chunk[alias] = chunk[kept]
+        try:
+            model.load_state_dict({k: v for k, v in chunk.items() if k in own}, strict=False)
+        except RuntimeError as exc:  # e.g. a buffer of another shape the model does not resize
+            raise CheckpointError(
+                f"{found.described} does not load into {type(model).__name__}: {exc}"
+            ) from exc
+    if missing or unexpected:
+        warnings.warn(
+            f"{found.described}: missing keys {_preview(missing)}, unexpected keys {_preview(unexpected)}",
+            stacklevel=2,
+        )
+    return WeightsLoadResult(missing, unexpected)
+
+
+def safetensors_problem(path: str) -> str | None:
+    """Why a safetensors file is unreadable or truncated (header vs size), or None if it looks whole."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return f"{os.path.basename(path)} is truncated ({size} bytes)"
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8:
+                return f"{os.path.basename(path)} is truncated (header of {n} bytes, file of {size})"
+            header = json.loads(f.read(n))
+    except FileNotFoundError:
+        return f"{os.path.basename(path)} is missing"
+    except (OSError, ValueError) as exc:
+        return f"{os.path.basename(path)} is corrupt: {exc}"
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end != size:
+        return f"{os.path.basename(path)} has {size} bytes, its header describes {8 + n + end}"
+    return None
