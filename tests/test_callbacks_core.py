@@ -455,3 +455,29 @@ def test_printer_callback(capsys):
     assert "total_flos" in logs
     printer.on_log(make_args(), TrainerState(is_local_process_zero=False), TrainerControl(), logs=logs)
     assert capsys.readouterr().out == ""
+
+
+def test_callbacks_receive_the_handlers_current_objects_after_they_change():
+    seen = []
+
+    class Recorder(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            seen.append(
+                (kwargs["optimizer"], kwargs["lr_scheduler"], kwargs["train_dataloader"], kwargs.get("x"))
+            )
+
+    handler = CallbackHandler([Recorder(), DefaultFlowCallback()], "model", None, "opt-1", "sched-1")
+    args, state, control = SimpleNamespace(), TrainerState(), TrainerControl()
+    args.logging_strategy = args.eval_strategy = args.save_strategy = "no"
+    args.logging_first_step, args.eval_delay = False, 0
+    handler.on_step_end(args, state, control)
+    handler.optimizer, handler.lr_scheduler, handler.train_dataloader = "opt-2", "sched-2", "loader"
+    handler.on_step_end(args, state, control)
+    handler.call_event("on_step_end", args, state, control, x=1)  # extra kwargs reach the callback too
+    handler.on_step_end(args, state, control)  # ... and do not stay in later events' kwargs
+    assert seen == [
+        ("opt-1", "sched-1", None, None),
+        ("opt-2", "sched-2", "loader", None),
+        ("opt-2", "sched-2", "loader", 1),
+        ("opt-2", "sched-2", "loader", None),
+    ]

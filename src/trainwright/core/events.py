@@ -24,6 +24,7 @@ Event order (the loop in `trainer.py` is the spec):
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from trainwright.core.state import TrainerControl, TrainerState
 
@@ -109,8 +110,27 @@ _RESETS = {
 }
 
 
+# What every callback receives besides (args, state, control), read from the handler's attributes.
+_EVENT_KWARGS = (
+    "model",
+    "processing_class",
+    "optimizer",
+    "lr_scheduler",
+    "train_dataloader",
+    "eval_dataloader",
+    "cursor",
+)
+
+
 class CallbackHandler(TrainerCallback):
     """Holds the callbacks and calls, per event, only those that override it, in list order."""
+
+    _event_kwargs: dict[str, Any] | None = None  # built on first use, dropped when one changes
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in _EVENT_KWARGS:
+            object.__setattr__(self, "_event_kwargs", None)
 
     def __init__(self, callbacks, model, processing_class, optimizer, lr_scheduler):
         self.callbacks: list[TrainerCallback] = []
@@ -179,20 +199,13 @@ class CallbackHandler(TrainerCallback):
         listeners = self._listeners.get(event)
         if not listeners:
             return control
+        kw = self._event_kwargs
+        if kw is None:  # a dict per event call (not per callback) costs ~1 us on every step
+            kw = self._event_kwargs = {name: getattr(self, name) for name in _EVENT_KWARGS}
+        if kwargs:
+            kw = {**kw, **kwargs}
         for cb in listeners:
-            result = getattr(cb, event)(
-                args,
-                state,
-                control,
-                model=self.model,
-                processing_class=self.processing_class,
-                optimizer=self.optimizer,
-                lr_scheduler=self.lr_scheduler,
-                train_dataloader=self.train_dataloader,
-                eval_dataloader=self.eval_dataloader,
-                cursor=self.cursor,
-                **kwargs,
-            )
+            result = getattr(cb, event)(args, state, control, **kw)
             if result is not None:
                 control = result
         return control
