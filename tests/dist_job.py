@@ -31,7 +31,7 @@ from torch.utils.data import Dataset
 from trainwright.app.tinygpt import TinyGPT, TinyGPTConfig
 from trainwright.args.training_args import TrainingArguments
 from trainwright.core.events import TrainerCallback
-from trainwright.data.loading import pad_sequence_collator
+from trainwright.data import pad_sequence_collator
 from trainwright.loop.trainer import Trainer
 
 VOCAB = 32

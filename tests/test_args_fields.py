@@ -14,8 +14,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from trainwright import Trainer, TrainerCallback, TrainingArguments
+from trainwright import data as data_utils
 from trainwright.core.state import ExportableState
-from trainwright.data import loading as data_utils
 
 
 class Data(Dataset):

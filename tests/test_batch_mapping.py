@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import Dataset
 
 from trainwright import Trainer
-from trainwright.data.loading import default_data_collator
+from trainwright.data import default_data_collator
 
 transformers = pytest.importorskip("transformers")
 BatchEncoding = transformers.BatchEncoding

@@ -1,4 +1,4 @@
-"""Samplers, dataloaders and collators of trainwright.data.loading: exact resume and HF-compatible collation."""
+"""Samplers, dataloaders and collators of trainwright.data: exact resume and HF-compatible collation."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from trainwright.data.loading import (
+from trainwright.data import (
     EpochSeededDataLoader,
     LengthGroupedSampler,
     PaddingCollator,
@@ -671,7 +671,7 @@ def test_remove_columns_collator_drops_and_logs_once(caplog):
     keep = forward_arg_names(TinyModel())
     collate = RemoveColumnsCollator(default_data_collator, keep, description="training")
     features = [{"input_ids": [1, 2], "idx": 0, "label": 1}, {"input_ids": [3, 4], "idx": 1, "label": 0}]
-    with caplog.at_level(logging.INFO, logger="trainwright.data.loading"):
+    with caplog.at_level(logging.INFO, logger="trainwright.data.columns"):
         batch = collate(features)
         collate(features)
     assert set(batch) == {"input_ids", "labels"}

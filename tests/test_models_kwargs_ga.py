@@ -24,7 +24,7 @@ from hf_fixtures import (
 )
 
 from trainwright import Trainer, TrainingArguments
-from trainwright.data.loading import pad_sequence_collator
+from trainwright.data import pad_sequence_collator
 
 tokenizer, tokenizer_dir = hf_fixtures.tokenizer, hf_fixtures.tokenizer_dir  # session fixtures
 datasets = hf_fixtures.datasets

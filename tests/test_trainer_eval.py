@@ -183,7 +183,7 @@ def test_log_and_save_metrics_files(make_args, capsys):
 
 
 def test_interleave_shards_restores_dataset_order_and_trims_padding():
-    from trainwright.data.loading import ResumableSampler
+    from trainwright.data import ResumableSampler
     from trainwright.loop.evaluation import interleave_shards
     from trainwright.observe.metrics import nested_truncate
 

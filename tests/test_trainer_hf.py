@@ -72,7 +72,7 @@ def test_group_by_length_trains_on_variable_lengths(make_args):
     rows = [rng.integers(1, 64, size=int(n)).tolist() for n in rng.integers(4, 30, size=48)]
     data = datasets.Dataset.from_dict({"input_ids": rows, "labels": rows})
 
-    from trainwright.data.loading import pad_sequence_collator
+    from trainwright.data import pad_sequence_collator
 
     args = make_args(per_device_train_batch_size=4, num_train_epochs=1, group_by_length=True)
     trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=data, data_collator=pad_sequence_collator())

@@ -1,27 +1,29 @@
-"""Resumable samplers, epoch-seeded data loaders, collators, column removal and item counting."""
+"""Data for exact resume, one concern per module: resumable samplers (`samplers`), epoch-seeded
+data loaders and the resume of data without a sampler (`loaders`), collators (`collators`), column
+removal (`columns`), item counting and batch geometry (`items`); `kinds` says what a dataset is.
 
-from trainwright.data.loading import (
-    IGNORE_INDEX,
+Two rules shape it:
+
+- **Order is a function of (seed, epoch).** A sampler draws its permutation from a private
+  ``torch.Generator`` seeded with ``seed + epoch``; it never touches the global RNG. Resuming in
+  epoch ``e`` at position ``k`` is ``set_epoch(e)`` + ``set_start(k)``: the sampler slices its
+  index list, so no skipped sample is ever loaded or collated.
+- **Randomness inside data loading is a function of the batch's place.** See
+  :class:`EpochSeededDataLoader` for what is guaranteed with and without worker processes.
+"""
+
+from trainwright.data.collators import PaddingCollator, default_data_collator, pad_sequence_collator
+from trainwright.data.columns import RemoveColumnsCollator, forward_arg_names, remove_unused_columns
+from trainwright.data.items import count_items, is_causal_lm, num_examples, sampler_geometry
+from trainwright.data.kinds import IGNORE_INDEX, has_length, is_iterable_dataset
+from trainwright.data.loaders import (
     EpochSeededDataLoader,
-    LengthGroupedSampler,
-    PaddingCollator,
-    RemoveColumnsCollator,
-    ResumableSampler,
-    build_sampler,
-    count_items,
-    default_data_collator,
-    forward_arg_names,
-    has_length,
-    is_causal_lm,
-    is_iterable_dataset,
     iterable_resume_state,
     load_iterable_resume_state,
     make_dataloader,
-    num_examples,
-    pad_sequence_collator,
-    remove_unused_columns,
     skip_iterable,
 )
+from trainwright.data.samplers import LengthGroupedSampler, ResumableSampler, build_sampler
 
 __all__ = [
     "IGNORE_INDEX",
@@ -43,5 +45,6 @@ __all__ = [
     "num_examples",
     "pad_sequence_collator",
     "remove_unused_columns",
+    "sampler_geometry",
     "skip_iterable",
 ]

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset
 
+from trainwright import data as data_utils
 from trainwright.args.accelerator_config import AcceleratorConfig
 from trainwright.args.training_args import TrainingArguments
 from trainwright.callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCallback
@@ -30,7 +31,6 @@ from trainwright.core.enums import DebugOption
 from trainwright.core.events import CallbackHandler, TrainerCallback
 from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import LoopCursor, TrainerControl, TrainerState, metric_improves
-from trainwright.data import loading as data_utils
 from trainwright.distributed import device_cache, fsdp
 from trainwright.distributed.preemption import PreemptionGuard
 from trainwright.distributed.runtime import get_runtime

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trainwright.data.loading import count_items, is_causal_lm
+from trainwright.data.items import count_items, is_causal_lm
 
 
 def model_accepts_loss_kwargs(model: torch.nn.Module) -> bool | None:

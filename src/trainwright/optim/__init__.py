@@ -1,10 +1,9 @@
 """Optimizers (`optim=`), including optional packages' ones, and learning-rate schedules."""
 
+from trainwright.optim.decay import decay_param_groups, get_decay_parameter_names
 from trainwright.optim.optimizers import (
     build_optimizer,
     create_optimizer,
-    decay_param_groups,
-    get_decay_parameter_names,
     get_optimizer_cls_and_kwargs,
     parse_optim_args,
 )

@@ -24,6 +24,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from trainwright.optim.decay import get_decay_parameter_names
+
 _BNB = (
     "adamw_bnb_8bit",
     "adamw_8bit",
@@ -337,8 +339,6 @@ def _low_rank(name: str, args: Any, model: nn.Module | None, extra: dict) -> tup
         _refuse_in_backward_stepping(name, args, layerwise=True)
     targets = _target_parameter_names(name, args, model)
     assert model is not None  # _target_parameter_names refuses None
-    from trainwright.optim.optimizers import get_decay_parameter_names
-
     decay = set(get_decay_parameter_names(model))
     kwargs.update(extra)
     groups = []  # targets in their own group with the projection settings; weight_decay kept
