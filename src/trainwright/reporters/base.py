@@ -1,237 +1,73 @@
-"""What every reporter shares: the `Reporter` base class (rank gating, lazy set-up, the rule that a
-failing reporter disables itself instead of stopping training, and the worker thread that keeps a
-slow or dead server off the training loop), `rewrite_logs`, and small helpers for environment
-variables, numbers, model configs and checkpoint folders."""
+"""The `Reporter` base class of the reporting integrations: rank gating, lazy set-up, the rule that
+a failing reporter disables itself instead of stopping training, and where its events run (on the
+training thread, or queued for its worker thread: worker.py). Shared helpers are in helpers.py and
+are re-exported here, where the reporters have always imported them."""
 
 from __future__ import annotations
 
-import atexit
-import collections
-import copy
-import dataclasses
 import functools
 import importlib.util
-import json
 import logging
-import math
-import numbers
-import os
 import threading
 import time
-import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from trainwright.core.events import EVENTS, TrainerCallback
-
-logger = logging.getLogger(__name__)
-
-TRUE_VALUES = frozenset({"1", "true", "yes", "on", "y"})
-FALSE_VALUES = frozenset({"0", "false", "no", "off", "n", ""})
-
-# Keys of the end-of-training summary row: services that have a notion of "one value per run"
-# (W&B summary, ClearML single values) get these there instead of in the step history.
-SUMMARY_KEYS = frozenset(
-    {"train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos"}
+from trainwright.reporters.helpers import (
+    FALSE_VALUES,
+    SUMMARY_KEYS,
+    TRUE_VALUES,
+    as_scalar,
+    env_choice,
+    env_flag,
+    env_int,
+    env_json_dict,
+    export_model,
+    flatten_dict,
+    model_config_dict,
+    rewrite_logs,
+    saved_checkpoint_dir,
+    unwrap_model,
+)
+from trainwright.reporters.worker import (
+    DEFAULT_TIMEOUT,
+    MAX_PENDING_EVENTS,
+    TIMEOUT_ENV,
+    EventWorker,
+    reporter_timeout,
+    snapshot,
+    workers_to_flush,
 )
 
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "FALSE_VALUES",
+    "MAX_PENDING_EVENTS",
+    "SUMMARY_KEYS",
+    "TIMEOUT_ENV",
+    "TRUE_VALUES",
+    "MissingReporterPackageError",
+    "Reporter",
+    "as_scalar",
+    "env_choice",
+    "env_flag",
+    "env_int",
+    "env_json_dict",
+    "export_model",
+    "flatten_dict",
+    "model_config_dict",
+    "reporter_timeout",
+    "rewrite_logs",
+    "saved_checkpoint_dir",
+    "unwrap_model",
+]
 
-# A reporter that talks to a server runs its events on its own worker thread (see `Reporter`).
-TIMEOUT_ENV = "TRAINWRIGHT_REPORTER_TIMEOUT"
-DEFAULT_TIMEOUT = 30.0  # seconds
-MAX_PENDING_EVENTS = 10_000  # events queued per reporter before it is switched off
-_IDLE_EXIT = 5.0  # seconds a worker waits for the next event before its thread ends
+logger = logging.getLogger(__name__)
 
 
 class MissingReporterPackageError(ImportError):
     """A reporter was asked for but the package it talks to is not installed."""
-
-
-# -- environment ---------------------------------------------------------------------------------
-def env_flag(name: str, default: bool = False) -> bool:
-    """Read a boolean environment variable; anything but a yes/no spelling is an error."""
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    value = raw.strip().lower()
-    if value in TRUE_VALUES:
-        return True
-    if value in FALSE_VALUES:
-        return False
-    raise ValueError(f"environment variable {name}={raw!r}: expected one of true/false, 1/0, yes/no, on/off")
-
-
-def env_choice(
-    name: str, choices: tuple[str, ...], default: str, aliases: Mapping[str, str] | None = None
-) -> str:
-    """Read an environment variable that must be one of `choices` (case-insensitive)."""
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    value = raw.strip().lower()
-    value = (aliases or {}).get(value, value)
-    if value not in choices:
-        allowed = ", ".join(choices + tuple(aliases or ()))
-        raise ValueError(f"environment variable {name}={raw!r}: expected one of {allowed}")
-    return value
-
-
-def env_int(name: str, minimum: int = 0) -> int | None:
-    """Read an optional integer environment variable (>= minimum)."""
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r}: expected an integer") from None
-    if value < minimum:
-        raise ValueError(f"environment variable {name}={raw!r}: expected an integer >= {minimum}")
-    return value
-
-
-def env_json_dict(name: str) -> dict[str, Any]:
-    """Read an environment variable holding a JSON object (empty dict when unset)."""
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return {}
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"environment variable {name}: not valid JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"environment variable {name}: expected a JSON object, got {type(value).__name__}")
-    return value
-
-
-def reporter_timeout() -> float | None:
-    """`TRAINWRIGHT_REPORTER_TIMEOUT` in seconds (default 30); None for "0": events of networked
-    reporters then run on the training thread with no deadline, as before."""
-    raw = os.environ.get(TIMEOUT_ENV)
-    if raw is None or not raw.strip():
-        return DEFAULT_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(
-            f"environment variable {TIMEOUT_ENV}={raw!r}: expected a number of seconds >= 0 "
-            "(0 runs reporters on the training thread without a deadline)"
-        )
-    return value or None
-
-
-# -- values --------------------------------------------------------------------------------------
-def as_scalar(value: Any) -> int | float | None:
-    """The value as a Python int/float if it is one real number (bools count as 0/1), else None.
-    Accepts numpy scalars and one-element tensors/arrays; reading a tensor syncs, which is fine at
-    logging time."""
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    numel = getattr(value, "numel", None)
-    if callable(numel):
-        if numel() == 1 and not value.is_complex():
-            return as_scalar(value.item())
-        return None
-    if getattr(value, "shape", None) == () and hasattr(value, "item"):
-        return as_scalar(value.item())
-    return None
-
-
-def rewrite_logs(logs: Mapping[str, Any]) -> dict[str, Any]:
-    """Group keys for dashboards: `eval_x` -> `eval/x`, `test_x` -> `test/x`, keys that already hold
-    a `/` (e.g. the SpeedMonitor's `throughput/...`) unchanged, anything else -> `train/x`."""
-    out: dict[str, Any] = {}
-    for key, value in logs.items():
-        if "/" in key:
-            out[key] = value
-        elif key.startswith("eval_"):
-            out["eval/" + key[len("eval_") :]] = value
-        elif key.startswith("test_"):
-            out["test/" + key[len("test_") :]] = value
-        else:
-            out["train/" + key] = value
-    return out
-
-
-def flatten_dict(d: Mapping[str, Any], sep: str = ".", prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}."""
-    out: dict[str, Any] = {}
-    for key, value in d.items():
-        name = f"{prefix}{sep}{key}" if prefix else str(key)
-        if isinstance(value, Mapping):
-            out.update(flatten_dict(value, sep, name))
-        else:
-            out[name] = value
-    return out
-
-
-# -- models and checkpoints ----------------------------------------------------------------------
-def unwrap_model(model: Any) -> Any:
-    """The user's module behind DDP/DataParallel and torch.compile wrappers."""
-    while model is not None:
-        cls = type(model).__name__
-        if cls in ("DistributedDataParallel", "DataParallel") and hasattr(model, "module"):
-            model = model.module
-        elif cls == "OptimizedModule" and hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model
-    return model
-
-
-def model_config_dict(model: Any) -> dict[str, Any] | None:
-    """The model's `config` as a dict (transformers configs, dataclasses, mappings), else None."""
-    config = getattr(unwrap_model(model), "config", None)
-    if config is None:
-        return None
-    to_dict = getattr(config, "to_dict", None)
-    if callable(to_dict):
-        return dict(to_dict())
-    if dataclasses.is_dataclass(config) and not isinstance(config, type):
-        return dataclasses.asdict(config)
-    if isinstance(config, Mapping):
-        return dict(config)
-    return None
-
-
-def export_model(model: Any, directory: str) -> str:
-    """Write the model's weights into `directory` (save_pretrained when the model has it, else one
-    safetensors file that handles shared tensors) and return the directory."""
-    model = unwrap_model(model)
-    if model is None:
-        raise ValueError("no model was passed to the event, so there is nothing to export")
-    os.makedirs(directory, exist_ok=True)
-    save_pretrained = getattr(model, "save_pretrained", None)
-    if callable(save_pretrained):
-        from trainwright.core.third_party import deepspeed_left_unimported
-
-        with deepspeed_left_unimported():
-            save_pretrained(directory)
-    else:
-        from safetensors.torch import save_model
-
-        save_model(model, os.path.join(directory, "model.safetensors"))
-    return directory
-
-
-def saved_checkpoint_dir(args: Any, state: Any) -> str | None:
-    """The folder the trainer has just written for `state.global_step`, or None if there is none.
-    In a hyperparameter search the trainer puts trials under `output_dir/run-<trial>`."""
-    name = f"checkpoint-{state.global_step}"
-    candidates = [os.path.join(args.output_dir, name)]
-    if getattr(state, "is_hyper_param_search", False) and getattr(state, "trial_name", None):
-        trial = str(state.trial_name)
-        candidates += [
-            os.path.join(args.output_dir, trial, name),
-            os.path.join(args.output_dir, f"run-{trial}", name),
-        ]
-    return next((c for c in candidates if os.path.isdir(c)), None)
 
 
 # -- the base class ------------------------------------------------------------------------------
@@ -270,150 +106,6 @@ def _guard(event: str, method: Callable) -> Callable:
 
     guarded._reporter_guarded = True  # type: ignore[attr-defined]
     return guarded
-
-
-class _HistoryView(Sequence):
-    """`state.log_history` as it was when an event was queued: the first `n` rows of the live list
-    (the trainer only appends to it while training), without copying it."""
-
-    __slots__ = ("_rows", "_n")
-
-    def __init__(self, rows: list, n: int) -> None:
-        self._rows, self._n = rows, n
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return self._rows[: self._n][index]
-        if index < 0:
-            index += self._n
-        if not 0 <= index < self._n:
-            raise IndexError("log_history index out of range")
-        return self._rows[index]
-
-    def __eq__(self, other: object) -> bool:
-        return list(self) == (list(other) if isinstance(other, (list, tuple, _HistoryView)) else other)
-
-    def __repr__(self) -> str:
-        return repr(list(self))
-
-    def __deepcopy__(self, memo: dict) -> list:
-        return copy.deepcopy(list(self), memo)
-
-
-def _snapshot(args: Sequence[Any], kwargs: dict) -> tuple[tuple, dict]:
-    """An event's arguments as they are now, for a worker thread that runs it later: the state and
-    control copied (the trainer changes them in place), `logs`/`metrics` copied; the model, data
-    loaders and optimizer are passed as they are."""
-    args = list(args)
-    if len(args) > 1 and args[1] is not None:
-        state = copy.copy(args[1])
-        history = getattr(state, "log_history", None)
-        if isinstance(history, list):
-            state.log_history = _HistoryView(history, len(history))
-        args[1] = state
-    if len(args) > 2 and args[2] is not None:
-        args[2] = copy.copy(args[2])
-    kwargs = dict(kwargs)
-    for key in ("logs", "metrics"):
-        if isinstance(kwargs.get(key), dict):
-            kwargs[key] = dict(kwargs[key])
-    return tuple(args), kwargs
-
-
-class _EventWorker:
-    """One reporter's worker: a thread running its queued events in order (FIFO), started when an
-    event is queued and ended after `_IDLE_EXIT` seconds without one. The training thread only
-    appends to the queue and reads two numbers (`busy_since`, the queue length)."""
-
-    def __init__(self, reporter: Reporter) -> None:
-        self.reporter = reporter
-        self.cond = threading.Condition()
-        self.tasks: collections.deque = collections.deque()
-        self.thread: threading.Thread | None = None
-        self.busy_since: float | None = None  # time.monotonic() when the running event started
-        self.busy_event = ""
-        self.completed = 0  # events finished (0: the service has not answered yet)
-        self.abandoned = False  # switched off: run nothing more, clean up after the stuck call
-
-    def put(self, task: tuple) -> bool:
-        with self.cond:
-            if len(self.tasks) >= MAX_PENDING_EVENTS:
-                return False
-            self.tasks.append(task)
-            if self.thread is None:
-                self.thread = threading.Thread(
-                    target=self._loop, name=f"trainwright-{self.reporter.name or 'reporter'}", daemon=True
-                )
-                self.thread.start()
-            else:
-                self.cond.notify()
-        return True
-
-    def stuck_for(self, now: float) -> float:
-        since = self.busy_since
-        return 0.0 if since is None else now - since
-
-    def idle(self) -> bool:
-        return not self.tasks and self.busy_since is None
-
-    def abandon(self) -> int:
-        """Stop running events; return how many queued ones are dropped."""
-        with self.cond:
-            self.abandoned = True
-            dropped = len(self.tasks)
-            self.tasks.clear()
-            self.cond.notify_all()
-        return dropped
-
-    def _loop(self) -> None:
-        reporter = self.reporter
-        while True:
-            with self.cond:
-                if not self.tasks and not self.abandoned:
-                    self.cond.wait(_IDLE_EXIT)
-                if self.abandoned or not self.tasks:
-                    if self.thread is threading.current_thread():
-                        self.thread = None
-                    return
-                event, method, args, kwargs = self.tasks.popleft()
-                self.busy_event = event
-                self.busy_since = time.monotonic()
-            try:
-                reporter._run_event(event, method, args, kwargs)
-            finally:
-                with self.cond:
-                    self.busy_since = None
-                    self.completed += 1
-                    abandoned = self.abandoned
-                    self.cond.notify_all()
-            if abandoned:  # the call the reporter was switched off for has returned at last
-                try:
-                    reporter.close_after_failure()
-                except Exception:
-                    logger.debug(
-                        "%s: cleanup after switch-off failed", type(reporter).__name__, exc_info=True
-                    )
-                with self.cond:
-                    if self.thread is threading.current_thread():
-                        self.thread = None
-                return
-
-
-_workers_to_flush: weakref.WeakSet = weakref.WeakSet()
-
-
-@atexit.register
-def _flush_at_exit() -> None:
-    """Events queued after training (e.g. a later evaluate()) are delivered before the process
-    exits, each reporter waiting at most its deadline."""
-    for reporter in list(_workers_to_flush):
-        try:
-            reporter.flush()
-        except Exception:
-            logger.debug("flush at exit failed", exc_info=True)
 
 
 class Reporter(TrainerCallback):
@@ -459,7 +151,7 @@ class Reporter(TrainerCallback):
         self.disabled = False
         self._dropped_keys: set[str] = set()
         self.timeout = reporter_timeout()  # None: events run on the training thread
-        self._worker: _EventWorker | None = None
+        self._worker: EventWorker | None = None
         self._worker_decided = False
         self._address: str | None = None
         self._in_train = False  # between on_train_begin and on_train_end
@@ -521,7 +213,7 @@ class Reporter(TrainerCallback):
             if self.timeout is not None:
                 self._address = self.service_address()
                 if self._address is not None:
-                    self._worker = _EventWorker(self)
+                    self._worker = EventWorker(self)
         return self._worker is not None
 
     def _run_event(self, event: str, method: Callable, args: tuple, kwargs: dict) -> Any:
@@ -544,18 +236,18 @@ class Reporter(TrainerCallback):
         if self._check_stuck(worker, time.monotonic()):
             return
         self._on_training_thread(event)
-        args, kwargs = _snapshot(args, kwargs)
+        args, kwargs = snapshot(args, kwargs)
         if not worker.put((event, method, args, kwargs)):
             self._switch_off(
                 f"{MAX_PENDING_EVENTS} events are waiting for {self._address}, which is slower than training "
                 f"(now in {worker.busy_event})"
             )
             return
-        _workers_to_flush.add(self)
+        workers_to_flush.add(self)
         if not self._in_train:  # the end of training, or evaluate()/predict() outside it: deliver now
             self.flush()
 
-    def _check_stuck(self, worker: _EventWorker, now: float) -> bool:
+    def _check_stuck(self, worker: EventWorker, now: float) -> bool:
         """Switch off (True) when the running event has taken longer than the deadline."""
         assert self.timeout is not None
         if worker.stuck_for(now) <= self.timeout:
