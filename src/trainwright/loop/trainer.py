@@ -31,12 +31,11 @@ from trainwright.core.enums import DebugOption
 from trainwright.core.events import CallbackHandler, TrainerCallback
 from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import LoopCursor, TrainerControl, TrainerState, metric_improves
-from trainwright.distributed import device_cache, fsdp
+from trainwright.distributed import device_cache
 from trainwright.distributed.preemption import PreemptionGuard
 from trainwright.distributed.runtime import get_runtime
-from trainwright.loop import batch_size_finder, hub
+from trainwright.loop import batch_size_finder, dataloaders, hub, optimization, prediction
 from trainwright.loop import checkpointing as training_checkpoint
-from trainwright.loop.evaluation import EvalGatherer
 from trainwright.modeling import debug_underflow, liger, neftune
 from trainwright.modeling.loss import (
     LabelSmoother,
@@ -52,20 +51,16 @@ from trainwright.observe.flops import FlopsEstimator, non_embedding_parameters
 from trainwright.observe.memory import TrainerMemoryTracker
 from trainwright.observe.metrics import (
     EvalLoopOutput,
-    EvalPrediction,
     PredictionOutput,
     TrainOutput,
-    denumpify_detensorize,
     speed_metrics,
 )
 from trainwright.observe.metrics import log_metrics as _log_metrics
 from trainwright.observe.metrics import metrics_format as _metrics_format
 from trainwright.observe.metrics import save_metrics as _save_metrics
 from trainwright.optim.extra import is_fused_backward, lomo_backward
-from trainwright.optim.optimizers import build_optimizer as _build_optimizer
-from trainwright.optim.optimizers import create_optimizer as _create_optimizer
 from trainwright.optim.optimizers import get_optimizer_cls_and_kwargs as _get_optimizer_cls_and_kwargs
-from trainwright.optim.schedules import get_learning_rates, get_scheduler
+from trainwright.optim.schedules import get_learning_rates
 from trainwright.reporters import get_reporting_integration_callbacks
 
 if TYPE_CHECKING:
@@ -77,21 +72,9 @@ _NO_CONTEXT = contextlib.nullcontext()  # reusable: nullcontext keeps no state
 _MAX_UNLOGGED_STEPS = 4096  # step losses kept for the next log row before they are folded into train_loss
 
 
-def _nested_detach(x: Any) -> Any:
-    if isinstance(x, (list, tuple)):
-        return type(x)(_nested_detach(t) for t in x)
-    if isinstance(x, Mapping):
-        return _same_mapping(x, {k: _nested_detach(v) for k, v in x.items()})
-    return x.detach() if isinstance(x, torch.Tensor) else x
-
-
-def _same_mapping(original: Mapping, items: dict) -> Mapping:
-    """`items` as the mapping type of `original` (BatchEncoding, UserDict, ...), else a dict."""
-    mapping_type: Any = type(original)  # a Mapping subclass, tried as a constructor from a dict
-    try:
-        return mapping_type(items)
-    except (TypeError, ValueError):
-        return items
+# a batch rebuilt as its own mapping type (BatchEncoding, UserDict, ...), else a dict
+_same_mapping = prediction.same_mapping
+_EvaluationPreempted = prediction.EvaluationPreempted
 
 
 class Trainer:
@@ -364,7 +347,7 @@ class Trainer:
 
     def _remove_unused_columns(self, dataset: Any, description: str | None = None) -> Any:
         """A `datasets.Dataset` without the columns the model does not take (others unchanged)."""
-        if not self.args.remove_unused_columns or not _is_hf_dataset(dataset):
+        if not self.args.remove_unused_columns or not dataloaders.is_hf_dataset(dataset):
             return dataset
         self._set_signature_columns_if_needed()
         assert self._signature_columns is not None  # set just above
@@ -380,11 +363,6 @@ class Trainer:
             data_collator, set(self._signature_columns), description=description
         )
 
-    def _collator_for(self, dataset: Any, description: str) -> Callable:
-        if _is_hf_dataset(dataset):
-            return self.data_collator  # columns were removed from the dataset itself
-        return self._get_collator_with_removed_columns(self.data_collator, description)
-
     def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
         """The training sampler: resumable (seen samples are skipped, never loaded), by (seed, epoch)."""
         dataset = train_dataset if train_dataset is not None else self.train_dataset
@@ -398,61 +376,20 @@ class Trainer:
 
     def get_train_dataloader(self) -> torch.utils.data.DataLoader:
         """Training dataloader: resumable sampler, worker seeds fixed by (seed, epoch)."""
-        if self.train_dataset is None:
-            raise ValueError("Trainer: training requires a train_dataset.")
-        dataset = self._remove_unused_columns(self.train_dataset, description="training")
-        bs = self.args.per_device_train_batch_size
-        return data_utils.make_dataloader(
-            dataset,
-            batch_size=bs,
-            sampler=self._get_train_sampler(dataset),
-            collate_fn=self._collator_for(dataset, "training"),
-            args=self.args,
-            drop_last=self.args.dataloader_drop_last,
-            seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
-        )
+        return dataloaders.train_dataloader(self)
 
     def get_eval_dataloader(self, eval_dataset: str | Dataset | None = None) -> torch.utils.data.DataLoader:
         """Evaluation dataloader (a name selects one of a dict of eval datasets)."""
-        if isinstance(eval_dataset, str):
-            if not isinstance(self.eval_dataset, dict) or eval_dataset not in self.eval_dataset:
-                raise ValueError(f"No eval dataset named {eval_dataset!r}.")
-            eval_dataset = self.eval_dataset[eval_dataset]
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if dataset is None:
-            raise ValueError("Trainer: evaluation requires an eval_dataset.")
-        if isinstance(dataset, dict):
-            raise ValueError(
-                f"eval_dataset is a dict of datasets {sorted(dataset)}: name one, get_eval_dataloader(name) "
-                "(evaluate() runs them all)."
-            )
-        return self._inference_dataloader(dataset, "evaluation")
+        dataset = dataloaders.eval_dataset_of(self, eval_dataset)
+        return dataloaders.inference_dataloader(self, dataset, "evaluation")
 
     def get_test_dataloader(self, test_dataset: Dataset) -> torch.utils.data.DataLoader:
-        return self._inference_dataloader(test_dataset, "test")
-
-    def _inference_dataloader(self, dataset: Any, description: str) -> torch.utils.data.DataLoader:
-        dataset = self._remove_unused_columns(dataset, description=description)
-        bs = self.args.per_device_eval_batch_size
-        return data_utils.make_dataloader(
-            dataset,
-            batch_size=bs,
-            sampler=self._get_eval_sampler(dataset),
-            collate_fn=self._collator_for(dataset, description),
-            args=self.args,
-            drop_last=False,
-            seed=self.args.seed,
-        )
+        return dataloaders.inference_dataloader(self, test_dataset, "test")
 
     def num_examples(self, dataloader: torch.utils.data.DataLoader) -> int:
         """Samples in the dataloader's dataset; else batches x batch size (the loader's, else the
         argument's), for a loader without `.dataset` or `.batch_size`."""
-        try:
-            return data_utils.num_examples(dataloader)
-        except ValueError:
-            if not data_utils.has_length(dataloader):
-                raise
-            return len(dataloader) * self.args.per_device_train_batch_size
+        return dataloaders.num_examples(dataloader, self.args.per_device_train_batch_size)
 
     def _prepare_inputs(self, inputs: Any) -> Any:
         device = self.runtime.device
@@ -477,13 +414,12 @@ class Trainer:
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
         """AdamW (fused where supported) with no weight decay on biases and norm weights."""
         if self.optimizer is None:
-            model = model or self.model
-            if self.optimizer_cls_and_kwargs is not None:
-                cls, kwargs = self.optimizer_cls_and_kwargs
-                self.optimizer = _build_optimizer(cls, kwargs, model, self.args.weight_decay)
-            else:  # through the static method, so that a subclass's override is used (as upstream)
-                cls_and_kwargs = self.get_optimizer_cls_and_kwargs(self.args, model)
-                self.optimizer = _create_optimizer(model, self.args, cls_and_kwargs)
+            self.optimizer = optimization.make_optimizer(
+                model or self.model,
+                self.args,
+                self.optimizer_cls_and_kwargs,
+                self.get_optimizer_cls_and_kwargs,
+            )
         return self.optimizer
 
     @staticmethod
@@ -502,14 +438,7 @@ class Trainer:
             optimizer = optimizer or self.optimizer
             if optimizer is None:
                 raise RuntimeError("create_scheduler needs an optimizer: call create_optimizer() first.")
-            self.lr_scheduler = get_scheduler(
-                self.args.lr_scheduler_type,
-                optimizer=optimizer,
-                num_warmup_steps=self.args.get_warmup_steps(num_training_steps),
-                num_training_steps=num_training_steps,
-                # a dict since TrainingArguments.__post_init__
-                scheduler_specific_kwargs=cast(dict[str, Any], self.args.lr_scheduler_kwargs) or {},
-            )
+            self.lr_scheduler = optimization.make_scheduler(self.args, optimizer, num_training_steps)
             self._created_scheduler = True
         return self.lr_scheduler
 
@@ -526,15 +455,7 @@ class Trainer:
 
     def get_optimizer_group(self, param: Any = None) -> Any:
         """The optimizer's parameter group holding `param`, or every group's parameters."""
-        if self.optimizer is None:
-            raise ValueError(
-                "The optimizer has not been created yet: call create_optimizer() or train() first."
-            )
-        if param is not None:
-            for group in self.optimizer.param_groups:
-                if any(p is param for p in group["params"]):
-                    return group
-        return [group["params"] for group in self.optimizer.param_groups]
+        return optimization.optimizer_group(self.optimizer, param)
 
     def get_num_trainable_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
@@ -1436,68 +1357,13 @@ class Trainer:
         metric_key_prefix: str = "eval",
     ) -> dict[str, float]:
         """Evaluate; with a dict of datasets, each one's metrics are prefixed `eval_<name>_`."""
-        datasets = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if isinstance(datasets, dict):
-            metrics: dict[str, float] = {}
-            for name, dataset in datasets.items():
-                metrics.update(
-                    self.evaluate(
-                        eval_dataset=dataset if eval_dataset is not None else name,
-                        ignore_keys=ignore_keys,
-                        metric_key_prefix=f"{metric_key_prefix}_{name}",
-                    )
-                )
-            return metrics
-        self._memory_tracker.start("eval")
-        assert not isinstance(eval_dataset, dict)  # a dict of datasets was evaluated one by one above
-        dataloader = self.get_eval_dataloader(eval_dataset)
-        start = time.time()
-        output = self.evaluation_loop(
-            dataloader,
-            description="Evaluation",
-            prediction_loss_only=True if self.compute_metrics is None else None,
-            ignore_keys=ignore_keys,
-            metric_key_prefix=metric_key_prefix,
-        )
-        self._add_speed_metrics(output, metric_key_prefix, start)
-        self.log(output.metrics)
-        self.control = self.callback_handler.on_evaluate(
-            self.args, self.state, self.control, metrics=output.metrics
-        )
-        self._memory_tracker.stop_and_update_metrics("eval", output.metrics)
-        return output.metrics
-
-    def _add_speed_metrics(self, output: EvalLoopOutput, prefix: str, start: float) -> None:
-        batches = math.ceil(
-            output.num_samples / (self.args.per_device_eval_batch_size * self.runtime.world_size)
-        )
-        output.metrics.update(speed_metrics(prefix, start, num_samples=output.num_samples, num_steps=batches))
+        return prediction.evaluate(self, eval_dataset, ignore_keys, metric_key_prefix)
 
     def predict(
         self, test_dataset: Dataset, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
     ) -> PredictionOutput:
         """Predictions (padded with -100 across batches), labels and metrics for a dataset."""
-        self._memory_tracker.start("test")
-        dataloader = self.get_test_dataloader(test_dataset)
-        start = time.time()
-        output = self.evaluation_loop(
-            dataloader, description="Prediction", ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix
-        )
-        self._add_speed_metrics(output, metric_key_prefix, start)
-        self.control = self.callback_handler.on_predict(
-            self.args, self.state, self.control, metrics=output.metrics
-        )
-        self._memory_tracker.stop_and_update_metrics("test", output.metrics)
-        return PredictionOutput(
-            predictions=output.predictions, label_ids=output.label_ids, metrics=output.metrics
-        )
-
-    def _model_for_eval(self) -> nn.Module:
-        model = self.model
-        if not self.is_in_train and (self.args.fp16_full_eval or self.args.bf16_full_eval):
-            dtype = torch.float16 if self.args.fp16_full_eval else torch.bfloat16
-            model = model.to(dtype=dtype, device=self.runtime.device)
-        return model
+        return prediction.predict(self, test_dataset, ignore_keys, metric_key_prefix)
 
     def evaluation_loop(
         self,
@@ -1508,110 +1374,8 @@ class Trainer:
         metric_key_prefix: str = "eval",
     ) -> EvalLoopOutput:
         """Run `prediction_step` over a dataloader, streaming results to the CPU."""
-        args = self.args
-        if prediction_loss_only is None:
-            prediction_loss_only = args.prediction_loss_only
-        model = self._model_for_eval()
-        model.eval()
-        if args.past_index >= 0:  # an evaluation has its own memory, starting empty (v4)
-            self._past_state = self._past_state or PastState(args.past_index)
-            training_past = self._past_state.swap()
-        optimizer: Any = self.optimizer  # schedule-free optimizers have eval()/train()
-        if hasattr(optimizer, "eval") and callable(optimizer.eval):
-            optimizer.eval()
-        self.callback_handler.eval_dataloader = dataloader
-        include = set(args.include_for_metrics or [])
-        gatherer = EvalGatherer(
-            self.runtime,
-            offload_every=args.eval_accumulation_steps or 1,
-            # with batch_eval_metrics only predict() keeps what it predicted (evaluate needs metrics)
-            keep_outputs=not prediction_loss_only
-            and (not args.batch_eval_metrics or description == "Prediction"),
-            do_concat=args.eval_do_concat_batches,
-        )
-        batch_metrics = args.batch_eval_metrics and self.compute_metrics is not None
-        num_batches = len(dataloader) if data_utils.has_length(dataloader) else None
-        metrics: dict[str, Any] = {}
-        real_rows, dealt = _real_rows(dataloader), 0
-        # checked before every batch; with several processes a collective, so only where every
-        # process has the same number of batches (a sized loader: the sampler evens them out)
-        stop_on_preemption = self._eval_stops_on_preemption and (
-            not self.runtime.distributed or num_batches is not None
-        )
-        for step, inputs in enumerate(dataloader):
-            if stop_on_preemption and self._preempted():
-                assert self._preemption is not None  # _preempted() says it asked
-                if args.past_index >= 0:
-                    assert self._past_state is not None  # made above for past_index >= 0
-                    self._past_state.swap(training_past)
-                signal_name = getattr(self._preemption.requested, "name", "a preemption signal")
-                raise _EvaluationPreempted(
-                    f"Evaluation stopped by {signal_name} after {step} of {num_batches or '?'} batches"
-                )
-            n = batch_size(inputs)
-            if real_rows is not None and dealt + n > real_rows:
-                # rows the sampler repeated to even out processes: cut before the forward, so they
-                # weigh in neither the loss nor the metrics
-                keep = max(real_rows - dealt, 0)
-                dealt += n
-                if keep == 0 and not fsdp.is_sharded(model):
-                    continue
-                inputs, n = (_take_rows(inputs, keep), keep) if keep else (inputs, 0)
-            else:
-                dealt += n
-            loss, logits, labels = self.prediction_step(
-                model, inputs, prediction_loss_only, ignore_keys=ignore_keys
-            )
-            if n == 0:  # a sharded model's forward is collective: it ran, its output is dropped
-                continue
-            if logits is not None and self.preprocess_logits_for_metrics is not None:
-                logits = self.preprocess_logits_for_metrics(logits, labels)
-            model_inputs = (
-                inputs.get("input_ids") if "inputs" in include and isinstance(inputs, Mapping) else None
-            )
-            gatherer.add(loss=loss, batch_size=n, predictions=logits, labels=labels, inputs=model_inputs)
-            if batch_metrics and logits is not None and labels is not None:
-                last = num_batches is not None and step == num_batches - 1
-                assert self.compute_metrics is not None  # batch_metrics checks it
-                metrics = self.compute_metrics(
-                    EvalPrediction(predictions=logits, label_ids=labels, inputs=model_inputs),
-                    compute_result=last,
-                )
-            self.control = self.callback_handler.on_prediction_step(args, self.state, self.control)
-        num_samples = (
-            self.num_examples(dataloader)
-            if data_utils.has_length(getattr(dataloader, "dataset", None))
-            else None
-        )
-        result = gatherer.finish(num_samples)
-        num_samples = num_samples if num_samples is not None else result.num_samples
-        if (
-            self.compute_metrics is not None
-            and result.predictions is not None
-            and result.label_ids is not None
-        ):
-            if not batch_metrics:
-                pred = EvalPrediction(
-                    predictions=result.predictions,
-                    label_ids=result.label_ids,
-                    inputs=result.inputs if "inputs" in include else None,
-                    losses=result.losses if "loss" in include else None,
-                )
-                metrics = self.compute_metrics(pred)
-        metrics = denumpify_detensorize(dict(metrics or {}))
-        if result.loss is not None:
-            metrics["loss"] = result.loss
-        for key in list(metrics):
-            if not key.startswith(f"{metric_key_prefix}_"):
-                metrics[f"{metric_key_prefix}_{key}"] = metrics.pop(key)
-        if args.past_index >= 0:
-            assert self._past_state is not None  # made above for past_index >= 0
-            self._past_state.swap(training_past)
-        return EvalLoopOutput(
-            predictions=result.predictions,
-            label_ids=result.label_ids,
-            metrics=metrics,
-            num_samples=num_samples,
+        return prediction.evaluation_loop(
+            self, dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
         )
 
     def prediction_step(
@@ -1622,48 +1386,7 @@ class Trainer:
         ignore_keys: list[str] | None = None,
     ) -> tuple[torch.Tensor | None, Any, Any]:
         """(loss, logits, labels) for one batch, without gradients."""
-        has_labels = bool(self.label_names) and all(inputs.get(k) is not None for k in self.label_names)
-        return_loss = inputs.get("return_loss")
-        loss_without_labels = bool(return_loss) if return_loss is not None else self.can_return_loss
-        inputs = self._prepare_inputs(inputs)
-        if self._past_state is not None:
-            inputs = self._past_state.feed(inputs)
-        if ignore_keys is None:
-            config = getattr(model, "config", None)
-            ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", ["past_key_values"]) or [])
-        labels = None
-        logits: Any
-        if has_labels:
-            found = tuple(_nested_detach(inputs.get(name)) for name in self.label_names)
-            labels = found[0] if len(found) == 1 else found
-        with torch.no_grad(), self.compute_loss_context_manager():
-            if has_labels or loss_without_labels:
-                if prediction_loss_only and liger.is_applied(model):  # Liger skips the logits (upstream)
-                    inputs = {**inputs, "skip_logits": True}
-                loss, outputs = self.compute_loss(model, inputs, return_outputs=True)
-                loss = loss.detach().mean()
-                skip = set(ignore_keys) | {"loss"}
-                if isinstance(outputs, dict):
-                    logits = tuple(v for k, v in outputs.items() if k not in skip)
-                else:
-                    logits = outputs[1:] if isinstance(outputs, (tuple, list)) else ()
-            else:
-                loss = None
-                outputs = model(**inputs)
-                if self._past_state is not None:  # no loss in front: the memory is one place earlier (v4)
-                    self._past_state.keep(outputs, without_loss=True)
-                if isinstance(outputs, dict):
-                    logits = tuple(v for k, v in outputs.items() if k not in set(ignore_keys))
-                else:
-                    logits = outputs
-        if prediction_loss_only:
-            return loss, None, None
-        logits = _nested_detach(logits)
-        if isinstance(logits, (tuple, list)) and len(logits) == 1:
-            logits = logits[0]
-        if isinstance(logits, (tuple, list)) and len(logits) == 0:
-            logits = None
-        return loss, logits, labels
+        return prediction.prediction_step(self, model, inputs, prediction_loss_only, ignore_keys)
 
     # ------------------------------------------------------------------ hyperparameter search
     def hyperparameter_search(self, *args: Any, **kwargs: Any):
@@ -1671,10 +1394,6 @@ class Trainer:
         from trainwright.loop.hpo import run_hyperparameter_search
 
         return run_hyperparameter_search(self, *args, **kwargs)
-
-
-class _EvaluationPreempted(Exception):
-    """A preemption signal stopped the in-training evaluation; the checkpoint is written instead."""
 
 
 def _signature_params(fn: Callable) -> list:
@@ -1687,25 +1406,6 @@ def _forward_params(model: nn.Module) -> list[str]:
     import inspect
 
     return list(inspect.signature(model.forward).parameters)
-
-
-def _real_rows(dataloader: Any) -> int | None:
-    """How many of this process's evaluation rows are real samples (None when none are padding)."""
-    sampler: Any = getattr(dataloader, "sampler", None)
-    if not getattr(sampler, "num_padding", 0):
-        return None
-    return len(range(sampler.rank, sampler.num_samples, sampler.num_replicas))
-
-
-def _take_rows(inputs: Any, keep: int) -> Any:
-    """The first `keep` samples of a batch (tensors with a batch dimension are sliced)."""
-    if isinstance(inputs, Mapping):
-        return _same_mapping(inputs, {k: _take_rows(v, keep) for k, v in inputs.items()})
-    if isinstance(inputs, (list, tuple)):
-        return type(inputs)(_take_rows(v, keep) for v in inputs)
-    if isinstance(inputs, torch.Tensor) and inputs.dim() > 0:
-        return inputs[:keep]
-    return inputs
 
 
 def _has_targets(batch: Any, label_shift: bool) -> bool:
@@ -1728,10 +1428,6 @@ def _enable_activation_checkpointing(model: nn.Module, kwargs: dict | None) -> N
             f"gradient_checkpointing=True: {type(model).__name__} has no gradient_checkpointing_enable(); "
             "checkpoint its blocks with torch.utils.checkpoint yourself or set gradient_checkpointing=False."
         )
-
-
-def _is_hf_dataset(dataset: Any) -> bool:
-    return type(dataset).__module__.startswith("datasets.") and hasattr(dataset, "column_names")
 
 
 def _epoch_done(cursor: LoopCursor) -> bool:

@@ -1,0 +1,107 @@
+"""Building the Trainer's data loaders: columns the model does not take removed (from a
+`datasets.Dataset` up front, else by the collator), trainwright's resumable samplers, worker seeds
+fixed by (seed, epoch).
+
+The Trainer's `get_train_dataloader` / `get_eval_dataloader` / `get_test_dataloader` call in here;
+the steps they are made of go through the Trainer's own methods (`_remove_unused_columns`,
+`_get_train_sampler`, `_get_eval_sampler`, `_get_collator_with_removed_columns`), so a subclass
+that overrides one of them is used. The trainer is seen through `DataTrainer`, so this module never
+imports the loop's trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from trainwright import data as data_utils
+from trainwright.args.training_args import TrainingArguments
+
+
+class DataTrainer(Protocol):
+    """What building the data loaders reads of the Trainer."""
+
+    args: TrainingArguments
+    train_dataset: Any
+    eval_dataset: Any
+    data_collator: Callable
+
+    def _remove_unused_columns(self, *args: Any, **kwargs: Any) -> Any: ...
+    def _get_collator_with_removed_columns(self, *args: Any, **kwargs: Any) -> Any: ...
+    def _get_train_sampler(self, *args: Any, **kwargs: Any) -> Any: ...
+    def _get_eval_sampler(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+def is_hf_dataset(dataset: Any) -> bool:
+    """A `datasets.Dataset` (its columns can be removed up front), told without importing `datasets`."""
+    return type(dataset).__module__.startswith("datasets.") and hasattr(dataset, "column_names")
+
+
+def collator_for(trainer: DataTrainer, dataset: Any, description: str) -> Callable:
+    """The trainer's collator, behind a filter of the keys the model does not take unless the
+    columns were removed from the dataset itself."""
+    if is_hf_dataset(dataset):
+        return trainer.data_collator  # columns were removed from the dataset itself
+    return trainer._get_collator_with_removed_columns(trainer.data_collator, description)
+
+
+def train_dataloader(trainer: DataTrainer) -> torch.utils.data.DataLoader:
+    """Training dataloader: resumable sampler, worker seeds fixed by (seed, epoch)."""
+    if trainer.train_dataset is None:
+        raise ValueError("Trainer: training requires a train_dataset.")
+    args = trainer.args
+    dataset = trainer._remove_unused_columns(trainer.train_dataset, description="training")
+    return data_utils.make_dataloader(
+        dataset,
+        batch_size=args.per_device_train_batch_size,
+        sampler=trainer._get_train_sampler(dataset),
+        collate_fn=collator_for(trainer, dataset, "training"),
+        args=args,
+        drop_last=args.dataloader_drop_last,
+        seed=args.data_seed if args.data_seed is not None else args.seed,
+    )
+
+
+def eval_dataset_of(trainer: DataTrainer, eval_dataset: Any) -> Any:
+    """The dataset to evaluate: `eval_dataset`, a name of one of the trainer's, or the trainer's."""
+    if isinstance(eval_dataset, str):
+        if not isinstance(trainer.eval_dataset, dict) or eval_dataset not in trainer.eval_dataset:
+            raise ValueError(f"No eval dataset named {eval_dataset!r}.")
+        eval_dataset = trainer.eval_dataset[eval_dataset]
+    dataset = eval_dataset if eval_dataset is not None else trainer.eval_dataset
+    if dataset is None:
+        raise ValueError("Trainer: evaluation requires an eval_dataset.")
+    if isinstance(dataset, dict):
+        raise ValueError(
+            f"eval_dataset is a dict of datasets {sorted(dataset)}: name one, get_eval_dataloader(name) "
+            "(evaluate() runs them all)."
+        )
+    return dataset
+
+
+def inference_dataloader(trainer: DataTrainer, dataset: Any, description: str) -> torch.utils.data.DataLoader:
+    """Evaluation or test dataloader: dataset order, dealt across processes, nothing dropped."""
+    args = trainer.args
+    dataset = trainer._remove_unused_columns(dataset, description=description)
+    return data_utils.make_dataloader(
+        dataset,
+        batch_size=args.per_device_eval_batch_size,
+        sampler=trainer._get_eval_sampler(dataset),
+        collate_fn=collator_for(trainer, dataset, description),
+        args=args,
+        drop_last=False,
+        seed=args.seed,
+    )
+
+
+def num_examples(dataloader: Any, fallback_batch_size: int) -> int:
+    """Samples in the dataloader's dataset; else batches x batch size (the loader's, else
+    `fallback_batch_size`), for a loader without `.dataset` or `.batch_size`."""
+    try:
+        return data_utils.num_examples(dataloader)
+    except ValueError:
+        if not data_utils.has_length(dataloader):
+            raise
+        return len(dataloader) * fallback_batch_size

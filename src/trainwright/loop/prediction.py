@@ -1,0 +1,358 @@
+"""Evaluation and prediction: `evaluate`, `predict`, the evaluation loop and one prediction step.
+
+The Trainer's methods of these names are thin and call in here, so a subclass that overrides one
+(`evaluate`, `evaluation_loop`, `prediction_step`, `get_eval_dataloader`, `num_examples`, ...) is
+still called: everything below calls the Trainer's methods, never its own functions, for every
+upstream hook. The trainer is seen through `PredictionTrainer`, so this module never imports the
+loop's trainer.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from trainwright import data as data_utils
+from trainwright.args.training_args import TrainingArguments
+from trainwright.core.events import CallbackHandler
+from trainwright.core.state import TrainerControl, TrainerState
+from trainwright.distributed import fsdp
+from trainwright.distributed.preemption import PreemptionGuard
+from trainwright.distributed.runtime import Runtime
+from trainwright.loop.evaluation import EvalGatherer
+from trainwright.modeling import liger
+from trainwright.modeling.loss import batch_size
+from trainwright.modeling.past_state import PastState
+from trainwright.observe.memory import TrainerMemoryTracker
+from trainwright.observe.metrics import (
+    EvalLoopOutput,
+    EvalPrediction,
+    PredictionOutput,
+    denumpify_detensorize,
+    speed_metrics,
+)
+
+
+class PredictionTrainer(Protocol):
+    """What evaluation and prediction read and set of the Trainer."""
+
+    args: TrainingArguments
+    runtime: Runtime
+    model: nn.Module
+    optimizer: Any
+    state: TrainerState
+    control: TrainerControl
+    callback_handler: CallbackHandler
+    eval_dataset: Any
+    compute_metrics: Callable[..., dict] | None
+    preprocess_logits_for_metrics: Callable | None
+    label_names: list[str]
+    can_return_loss: bool
+    is_in_train: bool
+    _memory_tracker: TrainerMemoryTracker
+    _past_state: PastState | None
+    _preemption: PreemptionGuard | None
+    _eval_stops_on_preemption: bool
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> Any: ...
+    def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any: ...
+    def prediction_step(self, *args: Any, **kwargs: Any) -> Any: ...
+    def get_eval_dataloader(self, *args: Any, **kwargs: Any) -> Any: ...
+    def get_test_dataloader(self, *args: Any, **kwargs: Any) -> Any: ...
+    def num_examples(self, *args: Any, **kwargs: Any) -> Any: ...
+    def log(self, *args: Any, **kwargs: Any) -> Any: ...
+    def compute_loss(self, *args: Any, **kwargs: Any) -> Any: ...
+    def compute_loss_context_manager(self) -> Any: ...
+    def _prepare_inputs(self, inputs: Any) -> Any: ...
+    def _preempted(self) -> bool: ...
+
+
+class EvaluationPreempted(Exception):
+    """A preemption signal stopped the in-training evaluation; the checkpoint is written instead."""
+
+
+def evaluate(
+    trainer: PredictionTrainer,
+    eval_dataset: Dataset | dict[str, Dataset] | str | None = None,
+    ignore_keys: list[str] | None = None,
+    metric_key_prefix: str = "eval",
+) -> dict[str, float]:
+    """Evaluate; with a dict of datasets, each one's metrics are prefixed `eval_<name>_`."""
+    datasets = eval_dataset if eval_dataset is not None else trainer.eval_dataset
+    if isinstance(datasets, dict):
+        metrics: dict[str, float] = {}
+        for name, dataset in datasets.items():
+            metrics.update(
+                trainer.evaluate(
+                    eval_dataset=dataset if eval_dataset is not None else name,
+                    ignore_keys=ignore_keys,
+                    metric_key_prefix=f"{metric_key_prefix}_{name}",
+                )
+            )
+        return metrics
+    trainer._memory_tracker.start("eval")
+    assert not isinstance(eval_dataset, dict)  # a dict of datasets was evaluated one by one above
+    dataloader = trainer.get_eval_dataloader(eval_dataset)
+    start = time.time()
+    output = trainer.evaluation_loop(
+        dataloader,
+        description="Evaluation",
+        prediction_loss_only=True if trainer.compute_metrics is None else None,
+        ignore_keys=ignore_keys,
+        metric_key_prefix=metric_key_prefix,
+    )
+    add_speed_metrics(trainer, output, metric_key_prefix, start)
+    trainer.log(output.metrics)
+    trainer.control = trainer.callback_handler.on_evaluate(
+        trainer.args, trainer.state, trainer.control, metrics=output.metrics
+    )
+    trainer._memory_tracker.stop_and_update_metrics("eval", output.metrics)
+    return output.metrics
+
+
+def add_speed_metrics(trainer: PredictionTrainer, output: EvalLoopOutput, prefix: str, start: float) -> None:
+    batches = math.ceil(
+        output.num_samples / (trainer.args.per_device_eval_batch_size * trainer.runtime.world_size)
+    )
+    output.metrics.update(speed_metrics(prefix, start, num_samples=output.num_samples, num_steps=batches))
+
+
+def predict(
+    trainer: PredictionTrainer,
+    test_dataset: Dataset,
+    ignore_keys: list[str] | None = None,
+    metric_key_prefix: str = "test",
+) -> PredictionOutput:
+    """Predictions (padded with -100 across batches), labels and metrics for a dataset."""
+    trainer._memory_tracker.start("test")
+    dataloader = trainer.get_test_dataloader(test_dataset)
+    start = time.time()
+    output = trainer.evaluation_loop(
+        dataloader, description="Prediction", ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix
+    )
+    add_speed_metrics(trainer, output, metric_key_prefix, start)
+    trainer.control = trainer.callback_handler.on_predict(
+        trainer.args, trainer.state, trainer.control, metrics=output.metrics
+    )
+    trainer._memory_tracker.stop_and_update_metrics("test", output.metrics)
+    return PredictionOutput(
+        predictions=output.predictions, label_ids=output.label_ids, metrics=output.metrics
+    )
+
+
+def model_for_eval(trainer: PredictionTrainer) -> nn.Module:
+    model = trainer.model
+    if not trainer.is_in_train and (trainer.args.fp16_full_eval or trainer.args.bf16_full_eval):
+        dtype = torch.float16 if trainer.args.fp16_full_eval else torch.bfloat16
+        model = model.to(dtype=dtype, device=trainer.runtime.device)
+    return model
+
+
+def evaluation_loop(
+    trainer: PredictionTrainer,
+    dataloader: torch.utils.data.DataLoader,
+    description: str,
+    prediction_loss_only: bool | None = None,
+    ignore_keys: list[str] | None = None,
+    metric_key_prefix: str = "eval",
+) -> EvalLoopOutput:
+    """Run `prediction_step` over a dataloader, streaming results to the CPU."""
+    args = trainer.args
+    if prediction_loss_only is None:
+        prediction_loss_only = args.prediction_loss_only
+    model = model_for_eval(trainer)
+    model.eval()
+    if args.past_index >= 0:  # an evaluation has its own memory, starting empty (v4)
+        trainer._past_state = trainer._past_state or PastState(args.past_index)
+        training_past = trainer._past_state.swap()
+    optimizer: Any = trainer.optimizer  # schedule-free optimizers have eval()/train()
+    if hasattr(optimizer, "eval") and callable(optimizer.eval):
+        optimizer.eval()
+    trainer.callback_handler.eval_dataloader = dataloader
+    include = set(args.include_for_metrics or [])
+    gatherer = EvalGatherer(
+        trainer.runtime,
+        offload_every=args.eval_accumulation_steps or 1,
+        # with batch_eval_metrics only predict() keeps what it predicted (evaluate needs metrics)
+        keep_outputs=not prediction_loss_only
+        and (not args.batch_eval_metrics or description == "Prediction"),
+        do_concat=args.eval_do_concat_batches,
+    )
+    batch_metrics = args.batch_eval_metrics and trainer.compute_metrics is not None
+    num_batches = len(dataloader) if data_utils.has_length(dataloader) else None
+    metrics: dict[str, Any] = {}
+    real_rows, dealt = rows_to_keep(dataloader), 0
+    # checked before every batch; with several processes a collective, so only where every
+    # process has the same number of batches (a sized loader: the sampler evens them out)
+    stop_on_preemption = trainer._eval_stops_on_preemption and (
+        not trainer.runtime.distributed or num_batches is not None
+    )
+    for step, inputs in enumerate(dataloader):
+        if stop_on_preemption and trainer._preempted():
+            assert trainer._preemption is not None  # _preempted() says it asked
+            if args.past_index >= 0:
+                assert trainer._past_state is not None  # made above for past_index >= 0
+                trainer._past_state.swap(training_past)
+            signal_name = getattr(trainer._preemption.requested, "name", "a preemption signal")
+            raise EvaluationPreempted(
+                f"Evaluation stopped by {signal_name} after {step} of {num_batches or '?'} batches"
+            )
+        n = batch_size(inputs)
+        if real_rows is not None and dealt + n > real_rows:
+            # rows the sampler repeated to even out processes: cut before the forward, so they
+            # weigh in neither the loss nor the metrics
+            keep = max(real_rows - dealt, 0)
+            dealt += n
+            if keep == 0 and not fsdp.is_sharded(model):
+                continue
+            inputs, n = (take_rows(inputs, keep), keep) if keep else (inputs, 0)
+        else:
+            dealt += n
+        loss, logits, labels = trainer.prediction_step(
+            model, inputs, prediction_loss_only, ignore_keys=ignore_keys
+        )
+        if n == 0:  # a sharded model's forward is collective: it ran, its output is dropped
+            continue
+        if logits is not None and trainer.preprocess_logits_for_metrics is not None:
+            logits = trainer.preprocess_logits_for_metrics(logits, labels)
+        model_inputs = (
+            inputs.get("input_ids") if "inputs" in include and isinstance(inputs, Mapping) else None
+        )
+        gatherer.add(loss=loss, batch_size=n, predictions=logits, labels=labels, inputs=model_inputs)
+        if batch_metrics and logits is not None and labels is not None:
+            last = num_batches is not None and step == num_batches - 1
+            assert trainer.compute_metrics is not None  # batch_metrics checks it
+            metrics = trainer.compute_metrics(
+                EvalPrediction(predictions=logits, label_ids=labels, inputs=model_inputs),
+                compute_result=last,
+            )
+        trainer.control = trainer.callback_handler.on_prediction_step(args, trainer.state, trainer.control)
+    num_samples = (
+        trainer.num_examples(dataloader)
+        if data_utils.has_length(getattr(dataloader, "dataset", None))
+        else None
+    )
+    result = gatherer.finish(num_samples)
+    num_samples = num_samples if num_samples is not None else result.num_samples
+    if (
+        trainer.compute_metrics is not None
+        and result.predictions is not None
+        and result.label_ids is not None
+    ):
+        if not batch_metrics:
+            pred = EvalPrediction(
+                predictions=result.predictions,
+                label_ids=result.label_ids,
+                inputs=result.inputs if "inputs" in include else None,
+                losses=result.losses if "loss" in include else None,
+            )
+            metrics = trainer.compute_metrics(pred)
+    metrics = denumpify_detensorize(dict(metrics or {}))
+    if result.loss is not None:
+        metrics["loss"] = result.loss
+    for key in list(metrics):
+        if not key.startswith(f"{metric_key_prefix}_"):
+            metrics[f"{metric_key_prefix}_{key}"] = metrics.pop(key)
+    if args.past_index >= 0:
+        assert trainer._past_state is not None  # made above for past_index >= 0
+        trainer._past_state.swap(training_past)
+    return EvalLoopOutput(
+        predictions=result.predictions,
+        label_ids=result.label_ids,
+        metrics=metrics,
+        num_samples=num_samples,
+    )
+
+
+def prediction_step(
+    trainer: PredictionTrainer,
+    model: nn.Module,
+    inputs: dict[str, Any],
+    prediction_loss_only: bool,
+    ignore_keys: list[str] | None = None,
+) -> tuple[torch.Tensor | None, Any, Any]:
+    """(loss, logits, labels) for one batch, without gradients."""
+    has_labels = bool(trainer.label_names) and all(inputs.get(k) is not None for k in trainer.label_names)
+    return_loss = inputs.get("return_loss")
+    loss_without_labels = bool(return_loss) if return_loss is not None else trainer.can_return_loss
+    inputs = trainer._prepare_inputs(inputs)
+    if trainer._past_state is not None:
+        inputs = trainer._past_state.feed(inputs)
+    if ignore_keys is None:
+        config = getattr(model, "config", None)
+        ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", ["past_key_values"]) or [])
+    labels = None
+    logits: Any
+    if has_labels:
+        found = tuple(nested_detach(inputs.get(name)) for name in trainer.label_names)
+        labels = found[0] if len(found) == 1 else found
+    with torch.no_grad(), trainer.compute_loss_context_manager():
+        if has_labels or loss_without_labels:
+            if prediction_loss_only and liger.is_applied(model):  # Liger skips the logits (upstream)
+                inputs = {**inputs, "skip_logits": True}
+            loss, outputs = trainer.compute_loss(model, inputs, return_outputs=True)
+            loss = loss.detach().mean()
+            skip = set(ignore_keys) | {"loss"}
+            if isinstance(outputs, dict):
+                logits = tuple(v for k, v in outputs.items() if k not in skip)
+            else:
+                logits = outputs[1:] if isinstance(outputs, (tuple, list)) else ()
+        else:
+            loss = None
+            outputs = model(**inputs)
+            if trainer._past_state is not None:  # no loss in front: the memory is one place earlier (v4)
+                trainer._past_state.keep(outputs, without_loss=True)
+            if isinstance(outputs, dict):
+                logits = tuple(v for k, v in outputs.items() if k not in set(ignore_keys))
+            else:
+                logits = outputs
+    if prediction_loss_only:
+        return loss, None, None
+    logits = nested_detach(logits)
+    if isinstance(logits, (tuple, list)) and len(logits) == 1:
+        logits = logits[0]
+    if isinstance(logits, (tuple, list)) and len(logits) == 0:
+        logits = None
+    return loss, logits, labels
+
+
+def nested_detach(x: Any) -> Any:
+    if isinstance(x, (list, tuple)):
+        return type(x)(nested_detach(t) for t in x)
+    if isinstance(x, Mapping):
+        return same_mapping(x, {k: nested_detach(v) for k, v in x.items()})
+    return x.detach() if isinstance(x, torch.Tensor) else x
+
+
+def same_mapping(original: Mapping, items: dict) -> Mapping:
+    """`items` as the mapping type of `original` (BatchEncoding, UserDict, ...), else a dict."""
+    mapping_type: Any = type(original)  # a Mapping subclass, tried as a constructor from a dict
+    try:
+        return mapping_type(items)
+    except (TypeError, ValueError):
+        return items
+
+
+def rows_to_keep(dataloader: Any) -> int | None:
+    """How many of this process's evaluation rows are real samples (None when none are padding)."""
+    sampler: Any = getattr(dataloader, "sampler", None)
+    if not getattr(sampler, "num_padding", 0):
+        return None
+    return len(range(sampler.rank, sampler.num_samples, sampler.num_replicas))
+
+
+def take_rows(inputs: Any, keep: int) -> Any:
+    """The first `keep` samples of a batch (tensors with a batch dimension are sliced)."""
+    if isinstance(inputs, Mapping):
+        return same_mapping(inputs, {k: take_rows(v, keep) for k, v in inputs.items()})
+    if isinstance(inputs, (list, tuple)):
+        return type(inputs)(take_rows(v, keep) for v in inputs)
+    if isinstance(inputs, torch.Tensor) and inputs.dim() > 0:
+        return inputs[:keep]
+    return inputs
