@@ -1,0 +1,527 @@
+"""Asynchronous checkpoints: snapshots (isolation, buffer reuse, sharing), the background writer
+(one write in flight, errors surfaced in the training thread, completion work in the training
+thread), byte-identical files, SIGKILL during background writes, and the commit across 2 processes."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+
+import trainwright.checkpoint as ckpt
+from trainwright.checkpoint.async_writer import AsyncCheckpointError, AsyncCheckpointWriter
+from trainwright.checkpoint.snapshot import SnapshotBuffers, SnapshotError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _trained(width: int = 16, tied: bool = False) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    if tied:
+        model: torch.nn.Module = torch.nn.Sequential(torch.nn.Embedding(width, 8), torch.nn.Linear(8, width))
+        model[1].weight = model[0].weight
+        x = torch.arange(4)
+    else:
+        model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Linear(width, 1))
+        x = torch.randn(4, width)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(x).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def _torch_bytes(obj) -> bytes:
+    f = io.BytesIO()
+    torch.save(obj, f)
+    return f.getvalue()
+
+
+# ------------------------------------------------------------------------------------ snapshots
+def test_snapshot_is_isolated_from_later_in_place_updates():
+    model, opt = _trained()
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "meta": {"step": 1, "tags": ["a"]}}
+    expected = _torch_bytes(state)
+    snap = SnapshotBuffers().take(state)
+    # training goes on: another optimizer step, in-place updates, mutated plain data
+    model(torch.randn(4, 16)).sum().backward()
+    opt.step()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(-3)
+    state["meta"]["tags"].append("b")
+    state["meta"]["step"] = 2
+    snap.wait()
+    assert _torch_bytes(snap.state) == expected
+    assert snap.state["meta"] == {"step": 1, "tags": ["a"]}
+    assert _torch_bytes(state) != expected
+
+
+def test_snapshot_buffers_are_reused_and_bounded():
+    model, opt = _trained()
+    buffers = SnapshotBuffers()
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+    first = buffers.take(state)
+    ptrs = sorted(t.untyped_storage().data_ptr() for t in first.state["model"].values())
+    allocated = buffers.allocations
+    storages = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in model.state_dict().values()
+    }
+    for s in opt.state_dict()["state"].values():
+        storages.update({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in s.values()})
+    assert first.nbytes == buffers.nbytes == sum(storages.values())
+    with pytest.raises(RuntimeError, match="not been released"):
+        buffers.take(state)  # its write still reads the buffers
+    first.release()
+    with torch.no_grad():
+        model[0].weight.add_(1)
+    second = buffers.take({"model": model.state_dict(), "optimizer": opt.state_dict()})
+    assert buffers.allocations == allocated  # nothing allocated in the steady state
+    assert sorted(t.untyped_storage().data_ptr() for t in second.state["model"].values()) == ptrs
+    assert torch.equal(second.state["model"]["0.weight"], model[0].weight)
+    second.release()
+    # a changed shape reallocates that buffer only; entries that are gone free theirs
+    third = buffers.take({"model": {"0.weight": torch.zeros(3, 3), "0.bias": model[0].bias.detach()}})
+    assert buffers.allocations == allocated + 1
+    assert buffers.nbytes == third.nbytes == 9 * 4 + 16 * 4
+    third.release()
+
+
+def test_snapshot_keeps_tied_and_shared_tensors_shared():
+    model, opt = _trained(tied=True)
+    fused = torch.randn(6, 4)
+    same = torch.randn(3)
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "slices": {"q": fused[:2], "k": fused[2:4], "whole": fused},
+        "twice": [same, same],
+    }
+    snap = SnapshotBuffers().take(state)
+    m = snap.state["model"]
+    assert m["0.weight"].untyped_storage().data_ptr() == m["1.weight"].untyped_storage().data_ptr()
+    s = snap.state["slices"]
+    assert s["q"].untyped_storage().data_ptr() == s["whole"].untyped_storage().data_ptr()
+    assert s["k"].storage_offset() == 8 and torch.equal(s["k"], fused[2:4])
+    assert snap.state["twice"][0] is snap.state["twice"][1]
+    assert snap.nbytes == sum(
+        t.untyped_storage().nbytes() for t in (model[0].weight, model[1].bias, fused, same)
+    ) + sum(t.untyped_storage().nbytes() for st in opt.state_dict()["state"].values() for t in st.values())
+    assert _torch_bytes(snap.state) == _torch_bytes(state)
+
+
+def test_snapshot_names_what_it_cannot_copy():
+    sparse = torch.eye(3).to_sparse()
+    with pytest.raises(SnapshotError, match=r"state\['opt'\]\['m'\]"):
+        SnapshotBuffers().take({"opt": {"m": sparse}})
+
+
+# ------------------------------------------------------------------------------------ the writer
+def _write_fn(model, state):
+    """The file writers of a checkpoint, from `state` (a live state or a snapshot of it)."""
+
+    def write(tmp: str) -> None:
+        ckpt.save_model_weights(model, tmp, state_dict=state["model"])
+        ckpt.save_torch_state(state["optimizer"], os.path.join(tmp, ckpt.OPTIMIZER_NAME))
+        ckpt.save_torch_state(state["rng"], ckpt.rng_state_file(tmp))
+        ckpt.write_json(os.path.join(tmp, ckpt.TRAINER_STATE_NAME), state["trainer"])
+
+    return write
+
+
+def _async_save(writer, out, name, model, state, on_done=None):
+    write = lambda copy: ckpt.write_checkpoint(out, name, _write_fn(model, copy))  # noqa: E731
+    writer.save(os.path.join(out, name), state, write, on_done)
+
+
+def _files(folder) -> dict[str, bytes]:
+    out = {}
+    for root, _, names in os.walk(folder):
+        for n in names:
+            full = os.path.join(root, n)
+            out[os.path.relpath(full, folder)] = open(full, "rb").read()
+    return out
+
+
+@pytest.mark.parametrize("tied", [False])
+def test_async_checkpoint_is_byte_identical_to_the_sync_one(tmp_path, tied):
+    model, opt = _trained(tied=tied)
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "rng": ckpt.capture_rng_state(),
+        "trainer": {"global_step": 1, "log_history": [{"loss": 0.5}]},
+    }
+    ckpt.write_checkpoint(tmp_path / "sync", "checkpoint-1", _write_fn(model, state))
+    writer = AsyncCheckpointWriter()
+    _async_save(writer, str(tmp_path / "async"), "checkpoint-1", model, state)
+    with torch.no_grad():  # training goes on while it is written
+        for p in model.parameters():
+            p.add_(1)
+    writer.wait()
+    sync, done = _files(tmp_path / "sync" / "checkpoint-1"), _files(tmp_path / "async" / "checkpoint-1")
+    assert ckpt.CHECKPOINT_COMPLETE_NAME in done and ckpt.OPTIMIZER_NAME in done
+    assert sorted(sync) == sorted(done)
+    assert {k for k in sync if sync[k] != done[k]} == set()
+
+
+def test_on_done_runs_in_the_polling_thread_once_durable(tmp_path):
+    model, opt = _trained()
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "rng": {}, "trainer": {}}
+    seen = []
+    writer = AsyncCheckpointWriter()
+    _async_save(
+        writer,
+        str(tmp_path),
+        "checkpoint-1",
+        model,
+        state,
+        on_done=lambda path: seen.append((threading.get_ident(), path, ckpt.verify_checkpoint(path))),
+    )
+    deadline = time.monotonic() + 30
+    while not writer.poll():
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    assert seen == [(threading.get_ident(), str(tmp_path / "checkpoint-1"), [])]
+    assert not writer.pending and writer.writes == 1 and writer.last_duration_s > 0
+    assert not writer.poll()
+
+
+def test_a_background_write_error_is_raised_in_the_training_thread_naming_the_file(tmp_path):
+    writer = AsyncCheckpointWriter()
+    out = str(tmp_path)
+
+    def bad(tmp):  # a real write error: the folder of the file does not exist
+        ckpt.write_json(os.path.join(tmp, "missing", "trainer_state.json"), {})
+
+    writer.submit(os.path.join(out, "checkpoint-1"), lambda: ckpt.write_checkpoint(out, "checkpoint-1", bad))
+    with pytest.raises(AsyncCheckpointError) as caught:
+        writer.wait()
+    text = str(caught.value)
+    assert "checkpoint-1" in text and "trainer_state.json" in text and out in text
+    assert "background" in text
+    assert isinstance(caught.value, ckpt.CheckpointError) and caught.value.__cause__ is not None
+    assert os.listdir(out) == []  # no checkpoint, no hidden folder
+    writer.wait()  # raised once; the writer goes on
+    # a non-write error (a value torch.load(weights_only=True) would refuse) names the file too
+    job = lambda: ckpt.write_checkpoint(  # noqa: E731
+        out, "checkpoint-2", lambda tmp: ckpt.save_torch_state({"f": len}, os.path.join(tmp, "scheduler.pt"))
+    )
+    writer.submit(os.path.join(out, "checkpoint-2"), job)
+    time.sleep(0.05)
+    with pytest.raises(AsyncCheckpointError, match=r"scheduler\.pt"):
+        writer.submit(os.path.join(out, "checkpoint-3"), lambda: None)  # the next save surfaces it
+    assert not writer.pending
+    # drain() hands the error back instead of raising it (a loop already failing with another error)
+    writer.submit("checkpoint-4", lambda: 1 / 0)
+    error = writer.drain()
+    assert isinstance(error, AsyncCheckpointError) and "checkpoint-4" in str(error)
+    assert isinstance(error.__cause__, ZeroDivisionError)
+
+
+def test_at_most_one_write_in_flight():
+    writer = AsyncCheckpointWriter()
+    release_first = threading.Event()
+    events: list[str] = []
+
+    def first():
+        events.append("first started")
+        release_first.wait(30)
+        events.append("first done")
+
+    writer.submit("checkpoint-1", first)
+    second_submitted = threading.Event()
+
+    def submit_second():
+        writer.submit("checkpoint-2", lambda: events.append("second started"))
+        second_submitted.set()
+
+    submitter = threading.Thread(target=submit_second)
+    submitter.start()
+    time.sleep(0.2)
+    assert not second_submitted.is_set() and events == ["first started"]
+    release_first.set()
+    submitter.join(30)
+    assert second_submitted.is_set()
+    writer.wait()
+    assert events == ["first started", "first done", "second started"]
+
+
+# ------------------------------------------------------------------------------------ SIGKILL
+# The zygote of test_checkpoint_faults.py, saving through the async writer: the worker snapshots,
+# goes on mutating the live weights while the writer thread writes (every filesystem operation of
+# the write gated by the parent), and reports a save as done only when its on_done ran.
+_ASYNC_ZYGOTE = textwrap.dedent(
+    """
+    import builtins, os, sys, traceback
+    import torch
+
+    torch.set_num_threads(1)
+    import trainwright.checkpoint as ckpt
+    from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
+
+    WIDTH = int(sys.argv[1])
+
+    def send(line):
+        os.write(1, (line + "\\n").encode())
+
+    def recv():
+        data = b""
+        while not data.endswith(b"\\n"):
+            byte = os.read(0, 1)
+            if not byte:
+                os._exit(0)
+            data += byte
+        return data.decode().strip()
+
+    def build():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(3)])
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        model(torch.randn(2, WIDTH)).sum().backward()
+        opt.step()
+        return model, opt
+
+    model, opt = build()
+    gating = False
+
+    def gate(label):
+        if gating:
+            send("op " + label)
+            if recv() != "go":
+                os._exit(3)
+
+    def gated(name):
+        real = getattr(os, name)
+
+        def wrapper(*args, **kwargs):
+            gate(name + " " + " ".join(os.path.basename(str(a)) for a in args if isinstance(a, (str, bytes))))
+            return real(*args, **kwargs)
+
+        return wrapper
+
+    writer = AsyncCheckpointWriter()
+
+    def save(out, step, version):
+        writer.wait()
+        send(f"saving {step} {version}")
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(step * 10 + version)
+        state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "rng": ckpt.capture_rng_state()}
+
+        def write_files(copy):
+            def write(tmp):
+                gate("write model")
+                ckpt.save_model_weights(model, tmp, state_dict=copy["model"])
+                gate("write optimizer")
+                ckpt.save_torch_state(copy["optimizer"], os.path.join(tmp, ckpt.OPTIMIZER_NAME))
+                gate("write rng")
+                ckpt.save_torch_state(copy["rng"], ckpt.rng_state_file(tmp))
+                gate("write trainer_state")
+                ckpt.write_json(os.path.join(tmp, ckpt.TRAINER_STATE_NAME), {"global_step": step, "version": version})
+
+            return ckpt.write_checkpoint(out, f"checkpoint-{step}", write)
+
+        def done(path):
+            ckpt.rotate_checkpoints(out, save_total_limit=2)  # in the training thread
+            send(f"saved {step} {version}")
+
+        writer.save(os.path.join(out, f"checkpoint-{step}"), state, write_files, done)
+        # training goes on while the checkpoint is written: the live weights move away from it
+        while writer.pending:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.5)
+            writer.poll()
+
+    def work(out):
+        global gating
+        save(out, 1, 1)
+        save(out, 2, 1)
+        for name in ("mkdir", "rename", "replace", "fsync", "unlink", "rmdir"):
+            setattr(os, name, gated(name))
+        real_open = builtins.open
+
+        def gated_open(file, mode="r", *args, **kwargs):
+            if any(c in mode for c in "wax+"):
+                gate("open " + os.path.basename(str(file)))
+            return real_open(file, mode, *args, **kwargs)
+
+        builtins.open = gated_open
+        gating = True
+        save(out, 3, 1)
+        save(out, 3, 2)
+        save(out, 4, 1)
+        writer.wait()
+        send("done")
+
+    send("ready")
+    while True:
+        command = recv()
+        if not command.startswith("run "):
+            continue
+        pid = os.fork()
+        if pid == 0:
+            try:
+                send(f"pid {os.getpid()}")
+                work(command[4:])
+            except BaseException:
+                traceback.print_exc()
+                os._exit(1)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        send(f"exit {status}")
+    """
+)
+
+
+def test_sigkill_during_background_writes_leaves_the_previous_checkpoint(tmp_path):
+    import test_checkpoint_faults as faults
+
+    class AsyncZygote(faults._Zygote):
+        def __init__(self, tmp_path, width: int) -> None:
+            script = tmp_path / "async_zygote.py"
+            script.write_text(_ASYNC_ZYGOTE)
+            self.proc = subprocess.Popen(
+                [sys.executable, str(script), str(width)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                bufsize=0,
+            )
+            assert self._line() == "ready"
+
+    width = 384
+    zygote = AsyncZygote(tmp_path, width)
+    try:
+        full = zygote.run(tmp_path / "calibrate")
+        assert full["saved"] == (4, 1) and not full["killed"]
+        ops = full["ops"]
+        commits = [i for i, op in enumerate(ops) if op.startswith(("rename", "unlink", "rmdir"))]
+        points = sorted({round(i * (len(ops) - 1) / 15) for i in range(16)} | set(commits[::2]))
+        writes = [i for i, op in enumerate(ops) if op == "write model"]
+        trials = [(p, 0.0) for p in points] + [(writes[i % len(writes)], 0.002 * (i + 1)) for i in range(4)]
+        for n, (point, delay) in enumerate(trials):
+            out = tmp_path / f"trial-{n}"
+            result = zygote.run(out, kill_at=point, delay=delay)
+            assert result["killed"], (point, delay)
+            faults._check_after_crash(out, result, width)
+        assert len(trials) >= 20
+    finally:
+        zygote.close()
+
+
+# ------------------------------------------------------------------------------------ 2 processes
+_DIST_JOB = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    import trainwright.checkpoint as ckpt
+    from trainwright.checkpoint.async_writer import AsyncCheckpointError, AsyncCheckpointWriter, GroupCollectives
+    from trainwright.checkpoint.snapshot import SnapshotBuffers
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = sys.argv[1]
+    comms = GroupCollectives(timeout_s=120)
+    writer = AsyncCheckpointWriter()
+    model = torch.nn.Linear(32, 32)
+    result = {"errors": [], "collectives": 0}
+
+    def save(step):
+        with torch.no_grad():
+            model.weight.fill_(step)
+        state = {"model": model.state_dict(), "rng": ckpt.capture_rng_state()}
+
+        def write_files(copy):
+            def write(tmp):
+                if rank == 0:
+                    ckpt.save_model_weights(model, tmp, state_dict=copy["model"])
+                if rank == 1:
+                    time.sleep(1.0)  # the slow rank: rank 0 must not commit before its files are in
+                    if step == 3:  # a real write error on rank 1 only
+                        ckpt.write_json(os.path.join(tmp, "missing", "rank1.json"), {})
+                ckpt.save_torch_state(copy["rng"], ckpt.rng_state_file(tmp, rank, world))
+
+            return ckpt.write_checkpoint(out, f"checkpoint-{step}", write, runtime=comms)
+
+        writer.save(os.path.join(out, f"checkpoint-{step}"), state, write_files)
+
+    for step in (1, 2, 3):
+        try:
+            save(step)
+        except AsyncCheckpointError as exc:
+            result["errors"].append(str(exc))
+        # training collectives on the default group while the writer thread uses its own group
+        for _ in range(20):
+            t = torch.ones(256) * (rank + 1)
+            dist.all_reduce(t)
+            assert float(t[0]) == 3.0
+            result["collectives"] += 1
+    try:
+        writer.wait()
+    except AsyncCheckpointError as exc:
+        result["errors"].append(str(exc))
+    with open(os.path.join(out, f"result_{rank}.json"), "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_process_async_commit_waits_for_every_rank(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(_DIST_JOB)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")
+    }
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={_free_port()}",
+        str(script),
+        str(out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    results = [json.loads((out / f"result_{r}.json").read_text()) for r in range(2)]
+    for step in (1, 2):
+        folder = out / f"checkpoint-{step}"
+        assert ckpt.verify_checkpoint(folder) == []
+        manifest = json.loads((folder / ckpt.CHECKPOINT_COMPLETE_NAME).read_text())
+        assert {"model.safetensors", "rng_state_0.pth", "rng_state_1.pth"} <= set(manifest["files"])
+        weights = torch.nn.Linear(32, 32)
+        ckpt.load_model_weights(weights, folder)
+        assert bool((weights.weight == step).all())
+    # rank 1's error fails the commit on both ranks, named with the rank and the file
+    assert not (out / "checkpoint-3").exists()
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+    for r in results:
+        assert r["collectives"] == 60
+        assert len(r["errors"]) == 1, r
+        assert (
+            "rank 1" in r["errors"][0] and "rank1.json" in r["errors"][0] and "checkpoint-3" in r["errors"][0]
+        )
