@@ -64,6 +64,17 @@ _process.register_runtime(lambda **kwargs: _runtime.get_runtime(**kwargs))
 
 __version__ = "0.1.0"
 
+_TF_NAMES = ("TFTrainer", "TFTrainingArguments")
+
+
+def __getattr__(name: str):
+    # TensorFlow is imported only when a TF name is asked for (ImportError naming the `tf` extra).
+    if name in _TF_NAMES:
+        from trainwright import tf as _tf
+
+        return getattr(_tf, name)
+    raise AttributeError(f"module 'trainwright' has no attribute {name!r}")
+
 __all__ = [
     "CallbackHandler",
     "DefaultFlowCallback",
