@@ -525,3 +525,113 @@ def test_two_process_async_commit_waits_for_every_rank(tmp_path):
         assert (
             "rank 1" in r["errors"][0] and "rank1.json" in r["errors"][0] and "checkpoint-3" in r["errors"][0]
         )
+
+
+_FSDP_JOB = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch import nn
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    torch.set_num_threads(1)
+    import trainwright.checkpoint as ckpt
+    from trainwright.checkpoint.async_writer import AsyncCheckpointWriter, GroupCollectives
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    out = sys.argv[1]
+    comms = GroupCollectives(timeout_s=120)
+    writer = AsyncCheckpointWriter()
+
+    def build():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+        for layer in (model[0], model[2]):
+            fully_shard(layer)
+        fully_shard(model)
+        return model, torch.optim.AdamW(model.parameters(), lr=0.1)
+
+    model, opt = build()
+    g = torch.Generator().manual_seed(rank)
+
+    def train_step():
+        model(torch.randn(8, 16, generator=g)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    def write_dcp(tmp, state, group=None):
+        dcp.save({"model": state["model"]}, checkpoint_id=os.path.join(tmp, "pytorch_model_fsdp_0"), process_group=group)
+        dcp.save({"optimizer": state["optimizer"]}, checkpoint_id=os.path.join(tmp, "optimizer_0"), process_group=group)
+
+    train_step()
+    state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, opt)}
+    ckpt.write_checkpoint(os.path.join(out, "sync"), "checkpoint-1", lambda tmp: write_dcp(tmp, state), runtime=comms)
+    expected = [p.full_tensor().clone() for p in model.parameters()]
+    write = lambda copy: ckpt.write_checkpoint(  # noqa: E731
+        os.path.join(out, "async"), "checkpoint-1", lambda tmp: write_dcp(tmp, copy, comms.group), runtime=comms
+    )
+    writer.save(os.path.join(out, "async", "checkpoint-1"), state, write)
+    snapshot_bytes = writer.snapshot_bytes
+    for _ in range(3):  # training goes on (FSDP's all-gathers on the default group) while it is written
+        train_step()
+    writer.wait()
+    moved = [p.full_tensor() for p in model.parameters()]
+
+    fresh, fresh_opt = build()
+    loaded = {"model": get_model_state_dict(fresh)}
+    dcp.load(loaded, checkpoint_id=os.path.join(out, "async", "checkpoint-1", "pytorch_model_fsdp_0"))
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+    set_model_state_dict(fresh, loaded["model"])
+    got = [p.full_tensor() for p in fresh.parameters()]
+    result = {
+        "equal": all(torch.equal(a, b) for a, b in zip(got, expected)),
+        "moved": any(not torch.equal(a, b) for a, b in zip(moved, expected)),
+        "snapshot_bytes": snapshot_bytes,
+    }
+    with open(os.path.join(out, f"fsdp_{rank}.json"), "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+    """
+)
+
+
+def _torchrun(script, *args, timeout: float = 240) -> None:
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")
+    }
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={_free_port()}",
+        str(script),
+        *map(str, args),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+def test_fsdp2_async_dcp_checkpoint_matches_the_sync_one(tmp_path):
+    script = tmp_path / "fsdp_job.py"
+    script.write_text(_FSDP_JOB)
+    out = tmp_path / "out"
+    out.mkdir()
+    _torchrun(script, out)
+    for r in range(2):
+        result = json.loads((out / f"fsdp_{r}.json").read_text())
+        assert result["equal"] and result["moved"] and result["snapshot_bytes"] > 0, result
+    sync, done = out / "sync" / "checkpoint-1", out / "async" / "checkpoint-1"
+    assert ckpt.verify_checkpoint(done) == []
+    sync_files, async_files = _files(sync), _files(done)
+    assert sorted(sync_files) == sorted(async_files)
+    # the shards' bytes are the same; DCP's .metadata carries a random save id, and the manifest its checksum
+    differ = {k for k in sync_files if sync_files[k] != async_files[k]}
+    assert {os.path.basename(k) for k in differ} <= {".metadata", ckpt.CHECKPOINT_COMPLETE_NAME}, differ
+    assert any(k.endswith(".distcp") for k in sync_files)

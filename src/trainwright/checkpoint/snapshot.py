@@ -17,6 +17,8 @@ has the same structure:
   by a CUDA event: the training thread does not wait for the copy, the writer calls
   `Snapshot.wait()` before reading (later kernels on the same stream run after the copy, so the
   copy sees the values of the save step);
+* a `DTensor` (FSDP2's sharded state, written by torch.distributed.checkpoint) has its local shard
+  copied like any tensor and keeps its sharding spec;
 * everything else (numbers, strings, other objects) is deep-copied.
 
 Host memory is bounded by one checkpoint's worth: the buffers of one snapshot, reported as
@@ -35,6 +37,11 @@ import torch
 __all__ = ["Snapshot", "SnapshotBuffers", "SnapshotError"]
 
 _IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    # by name: importing torch.distributed.tensor costs ~0.3 s, and only a run that made one has one
+    return type(t).__name__ == "DTensor" and type(t).__module__.startswith("torch.distributed.tensor")
 
 
 class SnapshotError(TypeError):
@@ -190,10 +197,18 @@ class _Walker:
         self.keep.append(original)
 
     def _tensor(self, t: torch.Tensor, path: tuple[Any, ...]) -> torch.Tensor:
+        if _is_dtensor(t):
+            # FSDP2 / DCP state: this rank's shard is copied; the sharding spec (mesh, placements,
+            # global shape) is shared, as torch.distributed.checkpoint's own staging does.
+            from torch.distributed.tensor import DTensor
+
+            local = self._tensor(t._local_tensor, (*path, "<local>"))  # type: ignore[attr-defined]
+            self.tensors -= 1  # counted once, as the DTensor
+            return DTensor(local, t._spec, requires_grad=t.requires_grad)  # type: ignore[attr-defined]
         if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided:
             raise SnapshotError(
                 f"cannot snapshot {_path_str(path)}: a {type(t).__name__} with layout {t.layout}; only dense "
-                "tensors are copied (sharded tensors are staged by torch.distributed.checkpoint)"
+                "tensors and DTensors are copied"
             )
         self.tensors += 1
         if t.device.type == "meta":
