@@ -31,11 +31,19 @@ from trainwright.checkpoint import (
 TF_CHECKPOINT_PREFIX = "tf_checkpoint"
 
 
+def _rng_variables(model: Any) -> list[Any]:
+    """The model's variables that are not weights: Keras seed-generator states (e.g. Dropout's),
+    which `tf.train.Checkpoint` does not reach through the model (SeedGenerator is not trackable)."""
+    weights = {id(v) for v in model.weights}
+    return [v.value for v in model.variables if id(v) not in weights]
+
+
 def tracked(model: Any, optimizer: Any = None) -> tf.train.Checkpoint:
     """The objects a checkpoint holds."""
-    if optimizer is None:
-        return tf.train.Checkpoint(model=model)
-    return tf.train.Checkpoint(model=model, optimizer=optimizer)
+    parts: dict[str, Any] = {"model": model, "rng": _rng_variables(model)}
+    if optimizer is not None:
+        parts["optimizer"] = optimizer
+    return tf.train.Checkpoint(**parts)
 
 
 def save(

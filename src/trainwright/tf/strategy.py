@@ -28,13 +28,19 @@ def make_strategy(args: Any) -> Any:
     import tensorflow as tf
 
     if args.tpu_name:
+        if not args.tpu_name.startswith("grpc://") and not tf.config.list_physical_devices("TPU"):
+            # Resolving a TPU by name asks the GCE metadata server; off Google Cloud that can only fail.
+            raise RuntimeError(
+                f"tpu_name={args.tpu_name!r}: no TPU could be reached (this machine has no TPU devices and "
+                "the name is not a grpc:// address); unset tpu_name to train on the CPU/GPUs of this machine"
+            )
         try:
             resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
                 tpu=args.tpu_name, zone=args.tpu_zone, project=args.gcp_project
             )
             tf.config.experimental_connect_to_cluster(resolver)
             tf.tpu.experimental.initialize_tpu_system(resolver)
-        except (ValueError, RuntimeError, tf.errors.OpError) as exc:
+        except Exception as exc:  # the resolver raises URLError, ValueError, RuntimeError, OpError...
             raise RuntimeError(
                 f"tpu_name={args.tpu_name!r}: no TPU could be reached ({type(exc).__name__}: {exc}); "
                 "unset tpu_name to train on the CPU/GPUs of this machine"
