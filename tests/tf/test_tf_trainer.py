@@ -154,10 +154,12 @@ def test_xla_step_trains(tmp_path):
 
 
 def test_importing_trainwright_does_not_import_tensorflow():
-    code = "import sys, trainwright; assert 'tensorflow' not in sys.modules; print(trainwright.TFTrainer.__name__)"
+    # (this module's own `from trainwright import TFTrainer` is the lazy name working)
+    code = (
+        "import sys, trainwright\n"
+        "assert 'tensorflow' not in sys.modules, 'import trainwright imported TensorFlow'\n"
+        "sys.modules['tensorflow'] = None  # as if TensorFlow were not installed\n"
+        "from trainwright import TFTrainer"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "TFTrainer"
-    missing = "import sys; sys.modules['tensorflow'] = None\nfrom trainwright import TFTrainer"
-    out = subprocess.run([sys.executable, "-c", missing], capture_output=True, text=True, timeout=120)
-    assert out.returncode != 0 and "trainwright[tf]" in out.stderr
+    assert out.returncode != 0 and "ImportError" in out.stderr and "trainwright[tf]" in out.stderr, out.stderr
