@@ -89,6 +89,7 @@ class TFTrainer:
         self.eval_dataset = eval_dataset
         self.compute_metrics = compute_metrics
         self.optimizer, self.lr_scheduler = optimizers
+        self._given_optimizers = optimizers
         self.tb_writer = tb_writer
         self.global_step = 0
         self.epoch_logging = 0.0
@@ -282,6 +283,9 @@ class TFTrainer:
             args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
         )
         epochs = math.ceil(max_steps / steps_per_epoch)
+        if self._train_fns:  # a second train(): a fresh optimizer and schedule, as the PyTorch Trainer
+            self.optimizer, self.lr_scheduler = self._given_optimizers
+            self._train_fns = {}
         self.create_optimizer_and_scheduler(max_steps)
         self.state = TrainerState(train_batch_size=args.train_batch_size)
         self.state.compute_steps(args, max_steps)
@@ -289,6 +293,7 @@ class TFTrainer:
         self.state.is_world_process_zero = self.state.is_local_process_zero = args.process_index == 0
         self._loss_window, self._loss_logged_total = [], 0.0
         epoch, skip = 0, 0
+        self.global_step, self.epoch_logging = 0, 0.0
         checkpoint = self._resume_path(resume_from_checkpoint)
         if checkpoint is not None:
             epoch, skip = self._load_checkpoint(checkpoint, steps_per_epoch)
