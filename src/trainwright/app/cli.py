@@ -11,6 +11,7 @@ USAGE = """usage: trainwright <command> [options]
 
 commands:
   demo [--output_dir DIR] [--max_steps N]   train a small GPT on text that ships with Python
+       [--framework tf]                     ... or a small Keras model with TFTrainer (extra `tf`)
   train CONFIG.yaml|json [--flag value ...] train a model from a config and local files
   plot OUTPUT_DIR                           draw loss, eval metrics, learning rate, throughput
 """
@@ -27,11 +28,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "demo":
         parser = argparse.ArgumentParser(prog="trainwright demo")
         parser.add_argument("--output_dir", default="trainwright_demo")
-        parser.add_argument("--max_steps", type=int, default=600)
+        parser.add_argument("--max_steps", type=int, default=None, help="default: 600 (torch), 400 (tf)")
+        parser.add_argument("--framework", choices=("torch", "tf"), default="torch")
         ns = parser.parse_args(rest)
+        if ns.framework == "tf":  # TFTrainer on a small Keras model (needs the `tf` extra)
+            from trainwright.tf.demo import run_tf_demo
+
+            run_tf_demo(output_dir=ns.output_dir, max_steps=ns.max_steps or 400)
+            return 0
         from trainwright.app.demo import run_demo
 
-        run_demo(output_dir=ns.output_dir, max_steps=ns.max_steps)
+        run_demo(output_dir=ns.output_dir, max_steps=ns.max_steps or 600)
         return 0
     if command == "train":
         from trainwright.app.train_script import run_train

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -454,7 +455,11 @@ class TFTrainer:
         if callable(save_pretrained):
             save_pretrained(output_dir)
         else:
-            self.model.save_weights(os.path.join(output_dir, "model.weights.h5"))
+            with warnings.catch_warnings():
+                # Keras' h5 writer calls np.array(variable); NumPy 2 warns about the copy keyword
+                # that TF's __array__ lacks. The values written are right; the warning is noise.
+                warnings.filterwarnings("ignore", "__array__ implementation", DeprecationWarning)
+                self.model.save_weights(os.path.join(output_dir, "model.weights.h5"))
         self.args.to_json_file(os.path.join(output_dir, checkpointing.TRAINING_ARGS_NAME))
 
     # -- evaluate / predict ------------------------------------------------------------------------
