@@ -42,6 +42,11 @@ def make_train_function(trainer: Any, may_be_partial: bool) -> Any:
         def compute() -> tuple[Any, tf.Tensor, tf.Tensor]:
             with tf.GradientTape() as tape:
                 loss, _ = trainer.run_model(features, labels, True)
+                if loss is None:
+                    raise ValueError(
+                        "the model returned no loss while training: give the batch's labels (under "
+                        f"{(trainer.args.label_names or ['labels'])[0]!r}) to a model that returns (loss, logits)"
+                    )
                 total, items = loss_sum_and_items(loss, n)
             grads = tape.gradient(total, variables)
             return (
