@@ -75,6 +75,7 @@ def __getattr__(name: str):
         return getattr(_tf, name)
     raise AttributeError(f"module 'trainwright' has no attribute {name!r}")
 
+
 __all__ = [
     "CallbackHandler",
     "DefaultFlowCallback",
