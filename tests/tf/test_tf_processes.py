@@ -36,6 +36,8 @@ def reference(tmp_path_factory):
         [str(root / "drop"), "--dropout", "0.2", "--weights", str(root / "drop.npz")],
         [
             str(root / "plain"),
+            "--n",  # 36 samples: each epoch ends with a partial step of 4 (uneven replicas, micro-batches)
+            "36",
             "--weights",
             str(root / "plain.npz"),
             "--predict",
@@ -102,10 +104,11 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint(reference, tmp_pat
 
 
 def test_mirrored_strategy_on_two_logical_devices_equals_one(reference, tmp_path):
+    """2 replicas x 2 micro-batches of 2 == one device with batches of 8 (and the partial last step)."""
     result = _ok(
         run_job(
             str(tmp_path / "run"),
-            "--devices", "2", "--bs", "4",
+            "--devices", "2", "--bs", "2", "--ga", "2", "--n", "36",
             "--weights", str(tmp_path / "w.npz"), "--predict", str(tmp_path / "p.npz"),
         )
     )  # fmt: skip
@@ -133,7 +136,17 @@ def test_multi_worker_mirrored_on_two_processes_equals_one(reference, tmp_path):
     procs = []
     for index in range(2):
         env = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
-        argv = [out, "--bs", "4", "--save_steps", "6", "--predict", str(tmp_path / f"p{index}.npz")]
+        argv = [
+            out,
+            "--n",
+            "36",
+            "--bs",
+            "4",
+            "--save_steps",
+            "6",
+            "--predict",
+            str(tmp_path / f"p{index}.npz"),
+        ]
         if index == 0:
             argv += ["--weights", str(tmp_path / "w.npz")]
         procs.append(_start(argv, env))

@@ -98,18 +98,19 @@ def test_features_and_labels_keyword_model(tmp_path):
     assert trainer.predict(make_data(7)).predictions.shape == (7, 3)
 
 
-def _train_weights(tmp_path, name, **kw):
-    trainer = TFTrainer(make_model(), _args(tmp_path / name, weight_decay=0.01, **kw), make_data(48))
+def _train_weights(tmp_path, name, n=48, **kw):
+    trainer = TFTrainer(make_model(), _args(tmp_path / name, weight_decay=0.01, **kw), make_data(n))
     trainer.train()
     return weights(trainer.model)
 
 
 def test_gradient_accumulation_equals_full_batch(tmp_path):
-    full = _train_weights(tmp_path, "full", per_device_train_batch_size=8, gradient_accumulation_steps=1)
-    accumulated = _train_weights(tmp_path, "ga", per_device_train_batch_size=4, gradient_accumulation_steps=2)
-    other = _train_weights(
-        tmp_path, "half", per_device_train_batch_size=4, gradient_accumulation_steps=1, max_steps=6
+    # 44 samples: each epoch's 6th step has 4 (2 + 2 when accumulating)
+    full = _train_weights(tmp_path, "full", 44, per_device_train_batch_size=8, max_steps=12)
+    accumulated = _train_weights(
+        tmp_path, "ga", 44, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=12
     )
+    other = _train_weights(tmp_path, "half", 44, per_device_train_batch_size=4, max_steps=12)
     for a, b in zip(full, accumulated):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert any(not np.allclose(a, c, atol=1e-4) for a, c in zip(full, other))  # the test can tell

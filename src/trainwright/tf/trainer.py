@@ -314,7 +314,7 @@ class TFTrainer:
                 self._loss_window.append(loss)
                 self._last_norm = norm
                 self.global_step += 1
-                samples += step_batch
+                samples += int(tf.nest.flatten(features)[0].shape[0])  # host metadata: no sync
                 self.epoch_logging = epoch + (batch_index + 1) / steps_per_epoch
                 self._sync_state()
                 self.control = self.callback_handler.on_step_end(args, self.state, self.control)
