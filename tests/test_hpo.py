@@ -213,9 +213,7 @@ def test_a_list_objective_with_one_direction_is_refused_at_the_first_evaluation(
 
 def test_bad_requests_fail_before_any_training(make_trainer, make_args):
     trainer, recorder = make_trainer()
-    with pytest.raises(ValueError, match="optuna only"):
-        trainer.hyperparameter_search(hp_space=lr_space, backend="ray")
-    with pytest.raises(ValueError, match="optuna only"):
+    with pytest.raises(ValueError, match="backend 'wandb' is not supported: W&B sweeps"):
         trainer.hyperparameter_search(hp_space=lr_space, backend="wandb")
     with pytest.raises(ValueError, match="direction must be"):
         trainer.hyperparameter_search(hp_space=lr_space, direction="down")
@@ -243,6 +241,10 @@ def test_missing_optuna_names_the_install(make_trainer, monkeypatch):
     trainer, _ = make_trainer()
     monkeypatch.setitem(sys.modules, "optuna", None)
     with pytest.raises(ImportError, match=r"pip install optuna.*trainwright\[optuna\]"):
+        trainer.hyperparameter_search(hp_space=lr_space, n_trials=1, backend="optuna")
+    # no backend named: optuna if installed, else Ray Tune, else an error naming both installs
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ImportError, match=r"needs a backend: pip install optuna.*pip install 'ray\[tune\]'"):
         trainer.hyperparameter_search(hp_space=lr_space, n_trials=1)
 
 

@@ -246,15 +246,18 @@ class OutputDirLock:
         self.release()
 
 
-def claim_output_dir(trainer: Any) -> OutputDirLock | None:
+def claim_output_dir(trainer: Any, folder: str | None = None) -> OutputDirLock | None:
     """Check `output_dir` is writable and lock it on the writing process(es); every rank raises the
-    same `OutputDirError` when one of them fails. Returns the lock to release (None on other ranks)."""
+    same `OutputDirError` when one of them fails. Returns the lock to release (None on other ranks).
+    `folder`: the folder the run writes when it is not `output_dir` (a search trial's run folder:
+    trials running at once in other processes share `output_dir`)."""
     args, runtime = trainer.args, trainer.runtime
+    folder = args.output_dir if folder is None else folder
     lock, failure = None, None
     if args.should_save:
         try:
-            check_output_dir_writable(args.output_dir)
-            lock = OutputDirLock(args.output_dir).acquire()
+            check_output_dir_writable(folder)
+            lock = OutputDirLock(folder).acquire()
         except OutputDirError as exc:
             failure = exc
     errors = [str(failure)] if failure is not None else []

@@ -514,7 +514,8 @@ class Trainer:
         inner_training_loop = batch_size_finder.inner_loop(self, resume_path)  # auto_find_batch_size
         lock = None
         try:
-            lock = claim_output_dir(self)  # writable, and no other run writing it
+            # writable, and no other run writing it (a search trial: its run folder)
+            lock = claim_output_dir(self, training_checkpoint.run_dir(self))
             self._start_train_hooks()  # inside the try: a refused hook still ends the call cleanly
             with (
                 PreemptionGuard(args.preemption_signals) as self._preemption,
@@ -1390,7 +1391,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ hyperparameter search
     def hyperparameter_search(self, *args: Any, **kwargs: Any):
-        """Search hyperparameters with optuna (see `trainwright.loop.hpo`)."""
+        """Search hyperparameters with optuna or Ray Tune (see `trainwright.loop.hpo`, `hpo_ray`)."""
         from trainwright.loop.hpo import run_hyperparameter_search
 
         return run_hyperparameter_search(self, *args, **kwargs)

@@ -1,0 +1,329 @@
+"""Hyperparameter search on Ray Tune (`Trainer.hyperparameter_search(backend="ray")`).
+
+The search connects to Ray (a local instance started for it, with this machine's CPUs and GPUs, shut
+down afterwards; or an existing cluster: `address=` or `RAY_ADDRESS`), puts a copy of the Trainer
+(arguments, datasets, callbacks, `model_init`; no model) into the object store with
+`tune.with_parameters`, and runs `n_trials` trials through `tune.run`, as many at once as
+`resources_per_trial` allows. Each trial, in a Ray worker, applies its config to a copy of the
+arguments, builds its model with `model_init` and trains it. Every evaluation is reported with
+`tune.report(metrics + {"objective": ...})`; when the Trainer saves a checkpoint at that step, the
+report carries the checkpoint folder (`tune.Checkpoint`), so a scheduler can stop a trial (ASHA,
+median stopping) or clone one (PBT): a trial Tune restores resumes exactly from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import re
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from trainwright.checkpoint.files import PREFIX_CHECKPOINT_DIR, TRAINER_STATE_NAME
+from trainwright.core.events import TrainerCallback
+from trainwright.loop.hpo_common import (
+    Search,
+    SearchTrainer,
+    args_for_trial,
+    check_one_number,
+    final_objective,
+    trial_params,
+    trial_run_name,
+)
+from trainwright.observe.metrics import BestRun
+
+logger = logging.getLogger(__name__)
+
+# Config keys Ray Tune's own integrations read (not Trainer arguments): left out of the arguments.
+_TUNE_KEYS = ("wandb",)
+
+
+def default_hp_space_ray(trial: Any = None) -> dict[str, Any]:
+    """The default Ray Tune search space: learning rate, epochs, seed and batch size (upstream's;
+    the seed is drawn as a whole number, as `seed` is an integer argument)."""
+    tune = _import_tune()
+    return {
+        "learning_rate": tune.loguniform(1e-6, 1e-4),
+        "num_train_epochs": tune.choice(list(range(1, 6))),
+        "seed": tune.randint(1, 41),
+        "per_device_train_batch_size": tune.choice([4, 8, 16, 32, 64]),
+    }
+
+
+def run_ray_search(
+    trainer: SearchTrainer,
+    hp_space: Callable[[Any], dict[str, Any]] | None,
+    compute_objective: Callable[[dict[str, float]], float | Sequence[float]],
+    n_trials: int | None,
+    directions: list[str],
+    hp_name: Callable[[Any], str] | None = None,
+    address: str | None = None,
+    **kwargs: Any,
+) -> BestRun:
+    """Run `n_trials` trials on Ray Tune; the best (by `direction`) as a BestRun whose `run_summary`
+    is Tune's `ExperimentAnalysis` and `run_id` the trial id.
+
+    `hp_space(None)` returns the config: a dict of Tune search spaces (`tune.loguniform`, ...) or
+    values (default: `default_hp_space_ray`). `model_init(trial)` and `hp_name(trial)` get the
+    trial's config. Keywords go to `tune.run` as upstream: `resources_per_trial` (default 1 CPU,
+    and 1 GPU when the Trainer trains on one), `scheduler`, `search_alg`, `storage_path` (default
+    `<output_dir>/ray_results`), `checkpoint_config` (default: keep `save_total_limit`
+    checkpoints), ...; `metric="objective"` and `mode` follow `direction` unless a scheduler or
+    search algorithm names its own. `address` (or `RAY_ADDRESS`) runs on an existing cluster.
+    The best trial is chosen by its last result (`RAY_SCOPE`, else `args.ray_scope`).
+    """
+    tune = _import_tune()
+    if len(directions) != 1:
+        raise ValueError(
+            "backend='ray' optimizes one objective: give direction='minimize' or 'maximize' "
+            "(several directions, a Pareto front, need backend='optuna')."
+        )
+    if n_trials is None:
+        raise ValueError("backend='ray' needs n_trials (Tune's num_samples).")
+    mode = directions[0][:3]
+    args = trainer.args
+    _check_scheduler(args, kwargs.get("scheduler"))
+    space = (hp_space or default_hp_space_ray)(None)
+    if not isinstance(space, dict):
+        raise TypeError(f"hp_space must return a dict (Ray Tune's config), got {type(space).__name__}.")
+
+    output_dir = os.path.abspath(args.output_dir)  # workers run in their trial folders
+    kwargs.setdefault("resources_per_trial", {"cpu": 1, "gpu": 1 if args.n_gpu > 0 else 0})
+    kwargs.setdefault("storage_path", os.path.join(output_dir, "ray_results"))
+    if "checkpoint_config" not in kwargs and args.save_total_limit is not None:
+        kwargs["checkpoint_config"] = tune.CheckpointConfig(num_to_keep=args.save_total_limit)
+    if "metric" not in kwargs and "mode" not in kwargs and not _names_a_metric(kwargs):
+        kwargs["metric"], kwargs["mode"] = "objective", mode
+
+    search = Search(
+        compute_objective=compute_objective,
+        hp_name=hp_name,
+        multi_objective=False,
+        run_id=_ray_trial_id,
+        report=_ray_report,
+    )
+    shipped = _shippable(trainer, output_dir, search)
+    started = _connect(address)
+    try:
+        trainable = tune.with_parameters(_run_trial, trainer=shipped)
+        analysis = tune.run(trainable, config=space, num_samples=n_trials, **kwargs)
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    scope = os.environ.get("RAY_SCOPE") or getattr(args, "ray_scope", None) or "last"
+    best = analysis.get_best_trial(metric="objective", mode=mode, scope=scope)
+    if best is None:
+        states = sorted(f"{t.trial_id}: {t.status}" for t in analysis.trials)
+        raise RuntimeError(f"hyperparameter_search: no trial reported an objective ({states}).")
+    return BestRun(best.trial_id, best.last_result["objective"], trial_params(best.config), analysis)
+
+
+# ---------------------------------------------------------------------------------- on the driver
+def _check_scheduler(args: Any, scheduler: Any) -> None:
+    """Upstream's check: a scheduler other than FIFO acts on intermediate results, which only
+    evaluations during training give; PBT also clones checkpoints, which need saving."""
+    if scheduler is None or isinstance(scheduler, str):
+        return
+    from ray.tune.schedulers import FIFOScheduler, PopulationBasedTraining
+
+    name = type(scheduler).__name__
+    if type(scheduler) is FIFOScheduler:  # (PBT and others subclass it)
+        return
+    if str(getattr(args.eval_strategy, "value", args.eval_strategy)) == "no":
+        raise RuntimeError(
+            f"{name} acts on intermediate results, but eval_strategy='no' reports none: set "
+            "eval_strategy='steps' (with eval_steps) or 'epoch' so that trials report to Ray Tune, or "
+            f"do not use {name}."
+        )
+    if isinstance(scheduler, PopulationBasedTraining) and str(
+        getattr(args.save_strategy, "value", args.save_strategy)
+    ) in ("no", "best"):
+        raise RuntimeError(
+            f"{name} clones the checkpoints trials report, but save_strategy={args.save_strategy!r} "
+            "does not save one at each evaluation: set save_strategy (and save_steps) like eval_strategy."
+        )
+
+
+def _names_a_metric(kwargs: dict[str, Any]) -> bool:
+    """Whether the scheduler or search algorithm passed was built with its own metric/mode (tune.run
+    refuses both set there and passed to it)."""
+    return any(
+        getattr(obj, "metric", None) is not None or getattr(obj, "_metric", None) is not None
+        for obj in (kwargs.get("scheduler"), kwargs.get("search_alg"))
+        if obj is not None and not isinstance(obj, str)
+    )
+
+
+def _shippable(trainer: SearchTrainer, output_dir: str, search: Search) -> Any:
+    """A copy of the trainer to send to the workers: the trial's state only, no model or optimizer
+    (each trial builds its own), the output folder absolute."""
+    shipped = copy.copy(trainer)
+    for name in ("model", "model_wrapped", "optimizer", "lr_scheduler", "_trial"):
+        if hasattr(shipped, name):
+            setattr(shipped, name, None)
+    handler = copy.copy(trainer.callback_handler)
+    handler.callbacks = list(handler.callbacks)
+    for name in ("model", "optimizer", "lr_scheduler", "train_dataloader", "eval_dataloader"):
+        if hasattr(handler, name):
+            setattr(handler, name, None)
+    shipped.callback_handler = handler
+    if trainer.args.output_dir != output_dir:
+        shipped.args = copy.copy(trainer.args)  # the same validated values, the folder made absolute
+        shipped.args.output_dir = output_dir
+    shipped.hp_search_backend = "ray"
+    shipped._hp_search = search
+    return shipped
+
+
+def _connect(address: str | None) -> bool:
+    """Connect to Ray unless connected: `address` / RAY_ADDRESS, else a local instance with this
+    machine's CPUs (those this process may use) and GPUs. True when this call connected."""
+    import ray
+
+    if ray.is_initialized():
+        if address is not None:
+            warnings.warn(
+                f"hyperparameter_search(address={address!r}): Ray is already initialized in this process; "
+                "the search runs on that instance.",
+                stacklevel=4,
+            )
+        return False
+    if address is not None or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=address)
+        return True
+    import torch
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    ray.init(
+        num_cpus=cpus,
+        num_gpus=torch.cuda.device_count(),
+        include_dashboard=False,
+        runtime_env=_driver_path_env(),
+    )
+    return True
+
+
+def _driver_path_env() -> dict[str, Any] | None:
+    """The folders this process added to `sys.path` (a script's own modules, a test folder), for the
+    workers of a local instance: the trainer they unpickle may refer to modules found there."""
+    installed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    extra = [
+        os.path.abspath(p or os.getcwd())
+        for p in sys.path
+        if not any(os.path.realpath(p or os.getcwd()).startswith(root + os.sep) for root in installed)
+    ]
+    if not extra:
+        return None
+    current = os.environ.get("PYTHONPATH")
+    paths = list(dict.fromkeys(extra + (current.split(os.pathsep) if current else [])))
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}}
+
+
+# ---------------------------------------------------------------------------------- in a worker
+def _run_trial(config: dict[str, Any], trainer: Any) -> None:
+    """One Tune trial: train with the config's arguments (resuming Tune's checkpoint when Tune
+    restores the trial), then report the final objective unless the last evaluation gave it."""
+    tune = _import_tune()
+    search: Search = trainer._hp_search
+    trial = dict(config)
+    params = {k: v for k, v in trial.items() if k not in _TUNE_KEYS}
+    trainer.args = args_for_trial(trainer.args, params, already_warned=search.warned)
+    trainer.add_callback(_ReportAfterSave(trainer))
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is None:
+        trainer.train(trial=trial)
+    else:
+        with checkpoint.as_directory() as folder:
+            trainer.train(resume_from_checkpoint=checkpoint_folder(folder), trial=trial)
+    _flush(trainer)
+    objective, metrics = final_objective(trainer, search, 1)
+    if metrics is not None:  # no evaluation saw the final weights: report this one
+        step = trainer.state.global_step
+        saved = os.path.join(_run_dir(trainer), f"{PREFIX_CHECKPOINT_DIR}-{step}")
+        _send({**metrics, "objective": objective}, saved if os.path.isdir(saved) else None)
+
+
+def checkpoint_folder(folder: str) -> str:
+    """The Trainer checkpoint in a Tune checkpoint: the folder itself, or (upstream's layout) its
+    newest `checkpoint-<step>` subfolder."""
+    if os.path.isfile(os.path.join(folder, TRAINER_STATE_NAME)):
+        return folder
+    steps = [
+        (int(m.group(1)), name)
+        for name in os.listdir(folder)
+        if (m := re.fullmatch(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)", name))
+    ]
+    if not steps:
+        raise ValueError(
+            f"The Ray Tune checkpoint {folder} holds no Trainer checkpoint ({TRAINER_STATE_NAME})."
+        )
+    return os.path.join(folder, max(steps)[1])
+
+
+def _ray_trial_id(trial: Any) -> str:
+    return str(_import_tune().get_context().get_trial_id())
+
+
+def _ray_report(trainer: Any, trial: Any, objective: Any, metrics: dict[str, float]) -> None:
+    """Keep the evaluation's result until the Trainer has decided whether it saves at this step:
+    `_ReportAfterSave` sends it with the checkpoint, or without one at the next event."""
+    _flush(trainer)
+    search: Search = trainer._hp_search
+    search.pending = (trainer.state.global_step, {**metrics, "objective": check_one_number(objective)})
+
+
+def _flush(trainer: Any, checkpoint: str | None = None) -> None:
+    """Send the waiting result (with `checkpoint`, the folder the Trainer saved at its step)."""
+    search: Search = trainer._hp_search
+    if search.pending is None:
+        return
+    _, result = search.pending
+    search.pending = None
+    _send(result, checkpoint)
+
+
+def _send(result: dict[str, Any], checkpoint: str | None) -> None:
+    tune = _import_tune()
+    if checkpoint is None:
+        tune.report(result)
+    else:
+        tune.report(result, checkpoint=tune.Checkpoint.from_directory(checkpoint))
+
+
+def _run_dir(trainer: Any) -> str:
+    return os.path.join(trainer.args.output_dir, trial_run_name(trainer, trainer._trial))
+
+
+class _ReportAfterSave(TrainerCallback):
+    """Sends a trial's waiting result: with the checkpoint saved at its step, or without one at the
+    next event when the Trainer did not save."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        pending = self.trainer._hp_search.pending
+        if pending is not None and pending[0] == state.global_step:
+            folder = os.path.join(_run_dir(self.trainer), f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+            _flush(self.trainer, folder if os.path.isdir(folder) else None)
+
+    def _next_event(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        _flush(self.trainer)
+
+    on_step_begin = on_epoch_begin = on_epoch_end = on_train_end = _next_event
+
+
+def _import_tune() -> Any:
+    try:
+        from ray import tune
+    except ImportError as e:
+        raise ImportError(
+            "hyperparameter_search(backend='ray') needs Ray Tune: pip install 'ray[tune]' "
+            "(or pip install 'trainwright[ray]')."
+        ) from e
+    return tune
