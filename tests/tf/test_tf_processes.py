@@ -130,9 +130,9 @@ def _free_ports(n):
     return ports
 
 
-def test_multi_worker_mirrored_on_two_processes_equals_one(reference, tmp_path):
+def _two_workers(out, tmp_path, *extra):
+    """Run tf_job.py as 2 MultiWorkerMirroredStrategy workers on loopback; returns their stdouts."""
     cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
-    out = str(tmp_path / "run")
     procs = []
     for index in range(2):
         env = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
@@ -149,16 +149,21 @@ def test_multi_worker_mirrored_on_two_processes_equals_one(reference, tmp_path):
         ]
         if index == 0:
             argv += ["--weights", str(tmp_path / "w.npz")]
-        procs.append(_start(argv, env))
+        procs.append(_start([*argv, *extra], env))
     try:
         results = [p.communicate(timeout=240) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    for p, (stdout, stderr) in zip(procs, results):
+    for p, (_stdout, stderr) in zip(procs, results):
         assert p.returncode == 0, stderr[-4000:]
-        assert "DONE 12" in stdout
+    return [stdout for stdout, _ in results]
+
+
+def test_multi_worker_mirrored_on_two_processes_equals_one(reference, tmp_path):
+    out = str(tmp_path / "run")
+    assert all("DONE 12" in stdout for stdout in _two_workers(out, tmp_path))
     for got, want in zip(_load(tmp_path / "w.npz"), _load(reference / "plain.npz")):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     pred = np.load(tmp_path / "p0.npz")
@@ -170,3 +175,12 @@ def test_multi_worker_mirrored_on_two_processes_equals_one(reference, tmp_path):
         "checkpoint-12",
         "checkpoint-6",
     ]
+
+
+@pytest.mark.slow
+def test_multi_worker_run_resumes_on_two_new_processes(reference, tmp_path):
+    out = str(tmp_path / "run")
+    assert all("DONE 6" in stdout for stdout in _two_workers(out, tmp_path, "--stop_at", "6"))
+    assert all("DONE 12" in stdout for stdout in _two_workers(out, tmp_path, "--resume"))
+    for got, want in zip(_load(tmp_path / "w.npz"), _load(reference / "plain.npz")):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
