@@ -92,3 +92,12 @@ def test_comet_offline_experiment_gets_parameters_and_metrics(monkeypatch, tmp_p
     assert params["args_per_device_train_batch_size"] == 8
     metrics = [m["payload"]["metric"] for m in messages if m["type"] == "metric_msg"]
     assert sorted(m["step"] for m in metrics if m["metricName"] == "train/loss") == [2, 4]
+
+
+def test_jsonl_rows_and_unsupported_reporters_refused(tmp_path):
+    trainer = TFTrainer(make_model(), _args(tmp_path, report_to=["jsonl"]), make_data(32))
+    trainer.train()
+    rows = [json.loads(line) for line in open(tmp_path / "out" / "logs.jsonl")]
+    assert [r["step"] for r in rows if "loss" in r] == [2, 4]
+    with pytest.raises(ValueError, match="mlflow"):  # reads PyTorch modules: refused, not half-working
+        TFTrainer(make_model(), _args(tmp_path, report_to=["mlflow"]), make_data(32))

@@ -34,7 +34,7 @@ from trainwright.observe.metrics import (
     save_metrics,
     speed_metrics,
 )
-from trainwright.reporters import get_reporting_integration_callbacks
+from trainwright.reporters import get_reporting_integration_callbacks, normalize_report_to
 from trainwright.reporters.base import env_choice
 from trainwright.tf import checkpointing
 from trainwright.tf.arguments import TFTrainingArguments
@@ -58,6 +58,27 @@ def _outputs(out: Any) -> tuple[Any, Any]:
         f"the model returned {type(out).__name__}; TFTrainer needs (loss, logits), a dict with 'loss' "
         "and 'logits', or an object with .loss/.logits"
     )
+
+
+# Reporters tried with TFTrainer; the others read PyTorch modules (model export, parameter counts).
+TF_REPORTERS = ("tensorboard", "wandb", "comet_ml", "jsonl", "csv")
+
+
+def _tf_report_to(report_to: Any) -> list[str]:
+    """`report_to` as names TFTrainer runs: "all" keeps the installed ones it supports (logging the
+    others it leaves out); naming an unsupported one is an error."""
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    named = [n for n in names if n not in ("all", "none")]
+    refused = [n for n in named if n not in TF_REPORTERS]
+    if refused:
+        raise ValueError(
+            f"report_to {refused}: not supported by TFTrainer; it reports to {list(TF_REPORTERS)}"
+        )
+    out = normalize_report_to(report_to)
+    for name in out:
+        if name not in TF_REPORTERS:
+            logger.info("report_to='all' leaves out %s: not supported by TFTrainer", name)
+    return [n for n in out if n in TF_REPORTERS]
 
 
 class TFTrainer:
@@ -108,7 +129,7 @@ class TFTrainer:
         keras.utils.set_random_seed(args.seed)
         logging.getLogger("trainwright").setLevel(args.get_process_log_level())
         reporters: list[Any] = []
-        for cls in get_reporting_integration_callbacks(args.report_to):
+        for cls in get_reporting_integration_callbacks(_tf_report_to(args.report_to)):
             reporters.append(TFTensorBoardCallback(tb_writer) if cls.name == "tensorboard" else cls())
         if tb_writer is not None and not any(isinstance(r, TFTensorBoardCallback) for r in reporters):
             reporters.append(TFTensorBoardCallback(tb_writer))  # v4: a writer passed in is used
