@@ -95,3 +95,12 @@ def test_datasets_the_trainer_cannot_use_are_named(tmp_path):
     trainer = TFTrainer(make_model(), _args(tmp_path, label_names=["target"], max_steps=2), renamed)
     with pytest.raises(ValueError, match="returned no loss"):  # passed as "target", which this model ignores
         trainer.train()
+
+
+def test_resume_with_more_steps_continues_to_the_new_end(tmp_path):
+    TFTrainer(make_model(), _args(tmp_path, max_steps=4), make_data(48)).train()
+    trainer = TFTrainer(make_model(), _args(tmp_path, max_steps=8), make_data(48))
+    out = trainer.train(resume_from_checkpoint=True)
+    assert out.global_step == 8 and trainer.state.max_steps == 8
+    assert [r["step"] for r in trainer.state.log_history if "loss" in r] == [2, 4, 6, 8]
+    assert int(trainer.optimizer.iterations.numpy()) == 8

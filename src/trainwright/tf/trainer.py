@@ -309,16 +309,18 @@ class TFTrainer:
             self.optimizer, self.lr_scheduler = self._given_optimizers
             self._train_fns = {}
         self.create_optimizer_and_scheduler(max_steps)
-        self.state = TrainerState(train_batch_size=args.train_batch_size)
-        self.state.compute_steps(args, max_steps)
-        self.state.max_steps, self.state.num_train_epochs = max_steps, epochs
-        self.state.is_world_process_zero = self.state.is_local_process_zero = args.process_index == 0
+        self.state = TrainerState()
         self._loss_window, self._loss_logged_total = [], 0.0
         epoch, skip = 0, 0
         self.global_step, self.epoch_logging = 0, 0.0
         checkpoint = self._resume_path(resume_from_checkpoint)
-        if checkpoint is not None:
+        if checkpoint is not None:  # counters, history and best model from the checkpoint
             epoch, skip = self._load_checkpoint(checkpoint, steps_per_epoch)
+        # this run's length and intervals (a resumed run may be given more steps)
+        self.state.train_batch_size = args.train_batch_size
+        self.state.compute_steps(args, max_steps)
+        self.state.max_steps, self.state.num_train_epochs = max_steps, epochs
+        self.state.is_world_process_zero = self.state.is_local_process_zero = args.process_index == 0
         start_step = self.global_step
         self.callback_handler.model = self.model
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
