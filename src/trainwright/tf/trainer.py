@@ -373,11 +373,11 @@ class TFTrainer:
                 kept = losses[np.isfinite(losses)]
                 losses = kept if kept.size else losses
             self._loss_logged_total += float(losses.mean()) * len(self._loss_window)
-            logs = {
-                "loss": round(float(losses.mean()), 4),
-                "grad_norm": float(self._last_norm) if self._last_norm is not None else math.nan,
-                "learning_rate": self._learning_rate(),
-            }
+            logs = {"loss": round(float(losses.mean()), 4)}
+            # Without clipping, several replicas never hold the summed gradient: no norm to log.
+            if self._last_norm is not None and (self.args.n_replicas == 1 or self.args.max_grad_norm > 0):
+                logs["grad_norm"] = float(self._last_norm)
+            logs["learning_rate"] = self._learning_rate()
             self._loss_window = []
             self.log(logs)
         metrics = None
