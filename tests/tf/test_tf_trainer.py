@@ -164,3 +164,24 @@ def test_importing_trainwright_does_not_import_tensorflow():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "ImportError" in out.stderr and "trainwright[tf]" in out.stderr, out.stderr
+
+
+def test_callback_events_fire_as_in_the_pytorch_trainer(tmp_path):
+    from trainwright import TrainerCallback
+
+    seen = []
+    events = ["on_train_begin", "on_epoch_begin", "on_step_begin", "on_step_end", "on_epoch_end"]
+    events += ["on_log", "on_evaluate", "on_save", "on_train_end"]
+
+    def recorder(event):
+        return lambda self, args, state, control, **kwargs: seen.append(event)
+
+    Recorder = type("Recorder", (TrainerCallback,), {e: recorder(e) for e in events})
+    args = _args(tmp_path, max_steps=4, logging_steps=2, eval_strategy="epoch", save_strategy="epoch")
+    TFTrainer(make_model(), args, make_data(16), make_data(4), callbacks=[Recorder()]).train()
+    step = ["on_step_begin", "on_step_end"]
+    epoch_end = ["on_epoch_end", "on_log", "on_evaluate", "on_save"]  # eval row, then the epoch's save
+    assert seen == (
+        ["on_train_begin", "on_epoch_begin", *step, *step, "on_log", *epoch_end]
+        + ["on_epoch_begin", *step, *step, "on_log", *epoch_end, "on_log", "on_train_end"]
+    )
