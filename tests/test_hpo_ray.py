@@ -154,6 +154,71 @@ def test_a_search_starts_ray_with_the_machines_cpus_honours_resources_and_shuts_
     assert best.run_summary.experiment_path.startswith(str(tmp_path / "out" / "ray_results"))
 
 
+def test_unsupported_backends_and_bad_requests_fail_before_ray_starts(make_trainer):
+    trainer, _ = make_trainer()
+    with pytest.raises(
+        ValueError, match="W&B sweeps are driven by the wandb server.*backend='optuna'.*backend='ray'"
+    ):
+        trainer.hyperparameter_search(backend="wandb")
+    with pytest.raises(ValueError, match="SigOpt.*backend='optuna'.*backend='ray'"):
+        trainer.hyperparameter_search(backend="sigopt")
+    with pytest.raises(ValueError, match=r"must be one of \['optuna', 'ray'\], got 'hyperopt'"):
+        trainer.hyperparameter_search(backend="hyperopt")
+    with pytest.raises(ValueError, match="Pareto front, need backend='optuna'"):
+        trainer.hyperparameter_search(backend="ray", hp_space=lr_space, direction=["minimize", "maximize"])
+    no_eval, _ = make_trainer(eval_strategy="no", save_strategy="no")
+    with pytest.raises(
+        RuntimeError, match="AsyncHyperBandScheduler acts on intermediate results.*eval_strategy"
+    ):
+        no_eval.hyperparameter_search(
+            backend="ray", hp_space=lr_space, scheduler=tune.schedulers.ASHAScheduler()
+        )
+    no_save, _ = make_trainer(save_strategy="no")
+    with pytest.raises(RuntimeError, match="PopulationBasedTraining clones the checkpoints"):
+        no_save.hyperparameter_search(
+            backend="ray",
+            hp_space=lr_space,
+            scheduler=tune.schedulers.PopulationBasedTraining(hyperparam_mutations={"learning_rate": [0.1]}),
+        )
+    with pytest.raises(TypeError, match="hp_space must return a dict"):
+        trainer.hyperparameter_search(backend="ray", hp_space=lambda _: [0.1])
+    assert not ray.is_initialized()
+
+
+def test_backend_none_prefers_optuna_then_ray(monkeypatch):
+    assert hpo._resolve_backend(None) == "optuna"
+    monkeypatch.setitem(__import__("sys").modules, "optuna", None)
+    assert hpo._resolve_backend(None) == "ray"
+    assert hpo._resolve_backend("ray") == "ray"
+
+
+def test_default_hp_space_ray_samples_whole_seeds_and_upstreams_ranges():
+    space = hpo_ray.default_hp_space_ray(None)
+    assert set(space) == {"learning_rate", "num_train_epochs", "seed", "per_device_train_batch_size"}
+    for _ in range(20):
+        lr = space["learning_rate"].sample()
+        seed = space["seed"].sample()
+        assert 1e-6 <= lr <= 1e-4
+        assert int(seed) == seed and 1 <= seed <= 40
+        assert space["num_train_epochs"].sample() in range(1, 6)
+        assert space["per_device_train_batch_size"].sample() in (4, 8, 16, 32, 64)
+
+
+def test_checkpoint_folder_finds_the_trainer_checkpoint(tmp_path):
+    direct = tmp_path / "direct"
+    direct.mkdir()
+    (direct / "trainer_state.json").write_text("{}")
+    assert hpo_ray.checkpoint_folder(str(direct)) == str(direct)
+    nested = tmp_path / "nested"  # upstream's layout: checkpoint-<step> inside Tune's folder
+    for step in (4, 12, 8):
+        (nested / f"checkpoint-{step}").mkdir(parents=True)
+    assert hpo_ray.checkpoint_folder(str(nested)) == str(nested / "checkpoint-12")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="holds no Trainer checkpoint"):
+        hpo_ray.checkpoint_folder(str(empty))
+
+
 def test_four_trials_two_at_a_time_return_the_best_by_direction(local_ray, make_trainer, tmp_path):
     trainer, journal = make_trainer(journal_type=Rendezvous)
     original = trainer.args
@@ -225,7 +290,6 @@ def test_asha_stops_a_bad_trial_at_its_first_rung(local_ray, make_trainer):
     assert best.hyperparameters == {"learning_rate": 0.5}
 
 
-@pytest.mark.slow
 def test_pbt_clones_a_reported_checkpoint_and_the_trial_resumes_from_it(local_ray, make_trainer):
     trainer, journal = make_trainer(max_steps=16)
     scheduler = tune.schedulers.PopulationBasedTraining(
@@ -258,68 +322,3 @@ def test_pbt_clones_a_reported_checkpoint_and_the_trial_resumes_from_it(local_ra
     trial = next(t for t in best.run_summary.trials if t.trial_id == bad)
     assert trial.config["learning_rate"] == 0.5
     assert trial.last_result["objective"] < 5.0  # the cloned model, not the untrained one (~14)
-
-
-def test_unsupported_backends_and_bad_requests_fail_before_ray_starts(make_trainer):
-    trainer, _ = make_trainer()
-    with pytest.raises(
-        ValueError, match="W&B sweeps are driven by the wandb server.*backend='optuna'.*backend='ray'"
-    ):
-        trainer.hyperparameter_search(backend="wandb")
-    with pytest.raises(ValueError, match="SigOpt.*backend='optuna'.*backend='ray'"):
-        trainer.hyperparameter_search(backend="sigopt")
-    with pytest.raises(ValueError, match=r"must be one of \['optuna', 'ray'\], got 'hyperopt'"):
-        trainer.hyperparameter_search(backend="hyperopt")
-    with pytest.raises(ValueError, match="Pareto front, need backend='optuna'"):
-        trainer.hyperparameter_search(backend="ray", hp_space=lr_space, direction=["minimize", "maximize"])
-    no_eval, _ = make_trainer(eval_strategy="no", save_strategy="no")
-    with pytest.raises(
-        RuntimeError, match="AsyncHyperBandScheduler acts on intermediate results.*eval_strategy"
-    ):
-        no_eval.hyperparameter_search(
-            backend="ray", hp_space=lr_space, scheduler=tune.schedulers.ASHAScheduler()
-        )
-    no_save, _ = make_trainer(save_strategy="no")
-    with pytest.raises(RuntimeError, match="PopulationBasedTraining clones the checkpoints"):
-        no_save.hyperparameter_search(
-            backend="ray",
-            hp_space=lr_space,
-            scheduler=tune.schedulers.PopulationBasedTraining(hyperparam_mutations={"learning_rate": [0.1]}),
-        )
-    with pytest.raises(TypeError, match="hp_space must return a dict"):
-        trainer.hyperparameter_search(backend="ray", hp_space=lambda _: [0.1])
-    assert not ray.is_initialized()
-
-
-def test_backend_none_prefers_optuna_then_ray(monkeypatch):
-    assert hpo._resolve_backend(None) == "optuna"
-    monkeypatch.setitem(__import__("sys").modules, "optuna", None)
-    assert hpo._resolve_backend(None) == "ray"
-    assert hpo._resolve_backend("ray") == "ray"
-
-
-def test_default_hp_space_ray_samples_whole_seeds_and_upstreams_ranges():
-    space = hpo_ray.default_hp_space_ray(None)
-    assert set(space) == {"learning_rate", "num_train_epochs", "seed", "per_device_train_batch_size"}
-    for _ in range(20):
-        lr = space["learning_rate"].sample()
-        seed = space["seed"].sample()
-        assert 1e-6 <= lr <= 1e-4
-        assert int(seed) == seed and 1 <= seed <= 40
-        assert space["num_train_epochs"].sample() in range(1, 6)
-        assert space["per_device_train_batch_size"].sample() in (4, 8, 16, 32, 64)
-
-
-def test_checkpoint_folder_finds_the_trainer_checkpoint(tmp_path):
-    direct = tmp_path / "direct"
-    direct.mkdir()
-    (direct / "trainer_state.json").write_text("{}")
-    assert hpo_ray.checkpoint_folder(str(direct)) == str(direct)
-    nested = tmp_path / "nested"  # upstream's layout: checkpoint-<step> inside Tune's folder
-    for step in (4, 12, 8):
-        (nested / f"checkpoint-{step}").mkdir(parents=True)
-    assert hpo_ray.checkpoint_folder(str(nested)) == str(nested / "checkpoint-12")
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    with pytest.raises(ValueError, match="holds no Trainer checkpoint"):
-        hpo_ray.checkpoint_folder(str(empty))

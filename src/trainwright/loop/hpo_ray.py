@@ -9,6 +9,12 @@ arguments, builds its model with `model_init` and trains it. Every evaluation is
 `tune.report(metrics + {"objective": ...})`; when the Trainer saves a checkpoint at that step, the
 report carries the checkpoint folder (`tune.Checkpoint`), so a scheduler can stop a trial (ASHA,
 median stopping) or clone one (PBT): a trial Tune restores resumes exactly from its checkpoint.
+
+On a cluster (`address="ray://..."`, `"auto"`, or `RAY_ADDRESS`), the nodes need trainwright and the
+modules the Trainer's objects come from (a job's `runtime_env`), and `output_dir` and
+`storage_path` on storage every node reaches. A resumed trial takes its optimizer and schedule from
+the checkpoint (a PBT-mutated learning rate does not replace the restored schedule's); a mutated
+batch size or accumulation is refused on resume, as for any resume.
 """
 
 from __future__ import annotations
