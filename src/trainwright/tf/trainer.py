@@ -116,6 +116,7 @@ class TFTrainer:
         self.global_step = 0
         self.epoch_logging = 0.0
         self.state = TrainerState()
+        self.state.is_world_process_zero = self.state.is_local_process_zero = args.process_index == 0
         self.control = TrainerControl()
         self._labels_keyword = "labels" in inspect.signature(model.call).parameters
         self._train_fns: dict[bool, Any] = {}
