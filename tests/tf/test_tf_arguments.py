@@ -118,3 +118,37 @@ def test_poly_power_gives_v4_polynomial_decay(tmp_path):
     np.testing.assert_allclose(
         [float(make_schedule(poly, total)(k)) for k in range(total)], expected, rtol=1e-6
     )
+
+
+def test_worker_facts_come_from_tf_config(tmp_path, monkeypatch):
+    import json
+
+    cluster = {"chief": ["hostA:1000"], "worker": ["hostA:1001", "hostB:1000", "hostB:1001"]}
+    args = TFTrainingArguments(output_dir=str(tmp_path))
+    facts = []
+    for kind, index in [("chief", 0), ("worker", 0), ("worker", 1), ("worker", 2)]:
+        monkeypatch.setenv(
+            "TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})
+        )
+        facts.append(
+            (args.world_size, args.process_index, args.local_process_index, args.should_save, args.should_log)
+        )
+    assert facts == [
+        (4, 0, 0, True, True),
+        (4, 1, 1, False, False),
+        (4, 2, 0, False, True),
+        (4, 3, 1, False, False),
+    ]
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "ps", "index": 0}}))
+    with pytest.raises(ValueError, match="'ps'"):
+        _ = args.process_index
+
+
+def test_save_strategy_best_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="save_strategy='best'"):
+        TFTrainingArguments(
+            output_dir=str(tmp_path),
+            save_strategy="best",
+            metric_for_best_model="loss",
+            eval_strategy="steps",
+        )

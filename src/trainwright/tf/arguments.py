@@ -155,6 +155,11 @@ class TFTrainingArguments(TrainingArguments):
                 f"lr_scheduler_type={str(self.lr_scheduler_type)!r} is not available in TFTrainer; "
                 f"choose one of {list(SCHEDULES)}"
             )
+        if str(self.save_strategy) == "best":
+            raise ValueError(
+                "save_strategy='best' is not supported by TFTrainer; use 'steps' or 'epoch' with "
+                "metric_for_best_model (save_total_limit keeps the best checkpoint)"
+            )
         if not (isinstance(self.poly_power, (int, float)) and self.poly_power > 0):
             raise ValueError(f"poly_power must be a number > 0; got {self.poly_power!r}")
         if self.tpu_name is None and (self.tpu_zone is not None or self.gcp_project is not None):
@@ -225,11 +230,13 @@ class TFTrainingArguments(TrainingArguments):
 
     @property
     def local_process_index(self) -> int:
-        return 0
+        """This worker's index among the TF_CONFIG workers on its host (0 without TF_CONFIG)."""
+        return _cluster_info()[2]
 
     @property
     def should_log(self) -> bool:
-        return self.process_index == 0
+        """Each host's first worker with log_on_each_node, else worker 0."""
+        return (self.local_process_index if self.log_on_each_node else self.process_index) == 0
 
     @property
     def should_save(self) -> bool:
@@ -242,11 +249,12 @@ def _validated_defaults() -> dict[str, Any]:
     return TrainingArguments().to_dict()
 
 
-def _cluster_info() -> tuple[int, int]:
-    """(number of workers, this worker's index) from TF_CONFIG; a chief counts as worker 0."""
+def _cluster_info() -> tuple[int, int, int]:
+    """(number of workers, this worker's index, its index among the workers on its host) from
+    TF_CONFIG; a chief counts as worker 0."""
     raw = os.environ.get("TF_CONFIG")
     if not raw:
-        return 1, 0
+        return 1, 0, 0
     try:
         config = json.loads(raw)
         cluster = config.get("cluster", {})
@@ -260,4 +268,8 @@ def _cluster_info() -> tuple[int, int]:
     kind, index = task.get("type", "worker"), int(task.get("index", 0))
     if kind not in ("chief", "worker"):
         raise ValueError(f"TF_CONFIG task type {kind!r}: TFTrainer runs as 'chief' or 'worker' only")
-    return max(1, chiefs + workers), (index if kind == "chief" else chiefs + index)
+    addresses = [str(a) for a in cluster.get("chief", [])] + [str(a) for a in cluster.get("worker", [])]
+    me = index if kind == "chief" else chiefs + index
+    host = addresses[me].rpartition(":")[0] if me < len(addresses) else ""
+    local = sum(1 for a in addresses[:me] if a.rpartition(":")[0] == host)
+    return max(1, chiefs + workers), me, local

@@ -116,7 +116,8 @@ class TFTrainer:
         self.global_step = 0
         self.epoch_logging = 0.0
         self.state = TrainerState()
-        self.state.is_world_process_zero = self.state.is_local_process_zero = args.process_index == 0
+        self.state.is_world_process_zero = args.process_index == 0
+        self.state.is_local_process_zero = args.local_process_index == 0
         self.control = TrainerControl()
         self._labels_keyword = "labels" in inspect.signature(model.call).parameters
         self._train_fns: dict[bool, Any] = {}
@@ -321,7 +322,8 @@ class TFTrainer:
         self.state.train_batch_size = args.train_batch_size
         self.state.compute_steps(args, max_steps)
         self.state.max_steps, self.state.num_train_epochs = max_steps, epochs
-        self.state.is_world_process_zero = self.state.is_local_process_zero = args.process_index == 0
+        self.state.is_world_process_zero = args.process_index == 0
+        self.state.is_local_process_zero = args.local_process_index == 0
         start_step = self.global_step
         self.callback_handler.model = self.model
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
