@@ -267,6 +267,16 @@ def test_four_trials_two_at_a_time_return_the_best_by_direction(local_ray, make_
     assert trainer.model is not None  # the caller's trainer was not emptied for shipping
 
 
+def test_a_failed_trial_is_an_error_naming_its_cause(local_ray, make_trainer):
+    trainer, _ = make_trainer()
+    with pytest.raises(
+        RuntimeError, match=r"1 of 1 Ray Tune trials failed: \w+: .*per_device_train_batch_size.*traceback: "
+    ):
+        trainer.hyperparameter_search(
+            backend="ray", hp_space=lambda _: {"per_device_train_batch_size": 0}, n_trials=1, verbose=0
+        )
+
+
 def test_asha_stops_a_bad_trial_at_its_first_rung(local_ray, make_trainer):
     trainer, journal = make_trainer(max_steps=16, save_strategy="no")
     # the initial model (a=b=0) has an eval loss near 14; a tiny rate keeps it there
@@ -290,6 +300,7 @@ def test_asha_stops_a_bad_trial_at_its_first_rung(local_ray, make_trainer):
     assert best.hyperparameters == {"learning_rate": 0.5}
 
 
+@pytest.mark.slow  # 11-24 s here: run with -m slow
 def test_pbt_clones_a_reported_checkpoint_and_the_trial_resumes_from_it(local_ray, make_trainer):
     trainer, journal = make_trainer(max_steps=16)
     scheduler = tune.schedulers.PopulationBasedTraining(

@@ -112,17 +112,27 @@ def run_ray_search(
         report=_ray_report,
     )
     shipped = _shippable(trainer, output_dir, search)
+    raise_on_failed_trial = kwargs.pop("raise_on_failed_trial", True)
     started = _connect(address)
     try:
         trainable = tune.with_parameters(_run_trial, trainer=shipped)
-        analysis = tune.run(trainable, config=space, num_samples=n_trials, **kwargs)
+        analysis = tune.run(
+            trainable, config=space, num_samples=n_trials, raise_on_failed_trial=False, **kwargs
+        )
     finally:
         if started:
             import ray
 
             ray.shutdown()
+    failed = [t for t in analysis.trials if t.status == "ERROR"]
+    if failed and raise_on_failed_trial:
+        raise RuntimeError(
+            f"hyperparameter_search: {len(failed)} of {len(analysis.trials)} Ray Tune trials failed: "
+            + "; ".join(f"{t.trial_id}: {_trial_error(t)}" for t in failed)
+        )
     scope = os.environ.get("RAY_SCOPE") or getattr(args, "ray_scope", None) or "last"
-    best = analysis.get_best_trial(metric="objective", mode=mode, scope=scope)
+    reported = any("objective" in (t.last_result or {}) for t in analysis.trials)
+    best = analysis.get_best_trial(metric="objective", mode=mode, scope=scope) if reported else None
     if best is None:
         states = sorted(f"{t.trial_id}: {t.status}" for t in analysis.trials)
         raise RuntimeError(f"hyperparameter_search: no trial reported an objective ({states}).")
@@ -130,6 +140,17 @@ def run_ray_search(
 
 
 # ---------------------------------------------------------------------------------- on the driver
+def _trial_error(trial: Any) -> str:
+    """The failed trial's exception line, and the file Tune wrote its traceback to."""
+    path = getattr(trial, "error_file", None)
+    if not path or not os.path.isfile(path):
+        return "no error file"
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    last = next((line for line in reversed(lines) if not line.startswith(("File ", "^", "~"))), "")
+    return f"{last} (traceback: {path})"
+
+
 def _check_scheduler(args: Any, scheduler: Any) -> None:
     """Upstream's check: a scheduler other than FIFO acts on intermediate results, which only
     evaluations during training give; PBT also clones checkpoints, which need saving."""
