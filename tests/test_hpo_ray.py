@@ -277,6 +277,23 @@ def test_a_failed_trial_is_an_error_naming_its_cause(local_ray, make_trainer):
         )
 
 
+class HoldsALock(TrainerCallback):
+    def __init__(self):
+        import threading
+
+        self.lock = threading.Lock()
+
+
+def test_a_trainer_that_does_not_pickle_is_refused_naming_what_must(local_ray, make_trainer):
+    trainer, journal = make_trainer()
+    trainer.add_callback(HoldsALock())
+    with pytest.raises(
+        RuntimeError, match=r"(?s)could not send the Trainer to Ray.s workers.*must pickle.*_thread.lock"
+    ):
+        trainer.hyperparameter_search(backend="ray", hp_space=lr_space, n_trials=1, verbose=0)
+    assert not os.path.exists(journal)  # no trial started
+
+
 def test_asha_stops_a_bad_trial_at_its_first_rung(local_ray, make_trainer):
     trainer, journal = make_trainer(max_steps=16, save_strategy="no")
     # the initial model (a=b=0) has an eval loss near 14; a tiny rate keeps it there

@@ -115,7 +115,14 @@ def run_ray_search(
     raise_on_failed_trial = kwargs.pop("raise_on_failed_trial", True)
     started = _connect(address)
     try:
-        trainable = tune.with_parameters(_run_trial, trainer=shipped)
+        try:  # Ray is connected: the trainer is pickled into the object store here
+            trainable = tune.with_parameters(_run_trial, trainer=shipped)
+        except Exception as e:
+            raise RuntimeError(
+                "hyperparameter_search(backend='ray') could not send the Trainer to Ray's workers: its "
+                "datasets, callbacks, model_init, compute_metrics and data_collator must pickle "
+                f"(cloudpickle): {type(e).__name__}: {e}"
+            ) from e
         analysis = tune.run(
             trainable, config=space, num_samples=n_trials, raise_on_failed_trial=False, **kwargs
         )
