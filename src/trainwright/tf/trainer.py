@@ -125,7 +125,6 @@ class TFTrainer:
         self._loss_window: list[tf.Tensor] = []
         self._loss_logged_total = 0.0
         self._last_norm: tf.Tensor | None = None
-        self._may_be_partial = True  # until train() knows the dataset's length
         if args.full_determinism:
             tf.config.experimental.enable_op_determinism()
         keras.utils.set_random_seed(args.seed)
@@ -276,9 +275,13 @@ class TFTrainer:
         self, features: Any, labels: Any, nb_instances_in_global_batch: Any = None
     ) -> tuple[Any, Any]:
         """One optimizer step on the step's batch: returns (mean loss, gradient norm) tensors."""
-        fn = self._train_fns.get(self._may_be_partial)
+        # A full step compiles without the guard for replicas or micro-batches left with no rows;
+        # the (at most one per epoch) short step uses a second function that has it.
+        rows = tf.nest.flatten(features)[0].shape[0]
+        partial = rows is None or rows < self._step_batch()
+        fn = self._train_fns.get(partial)
         if fn is None:
-            fn = self._train_fns[self._may_be_partial] = make_train_function(self, self._may_be_partial)
+            fn = self._train_fns[partial] = make_train_function(self, partial)
         return fn(features, labels)
 
     def apply_gradients(self, features: Any, labels: Any, nb_instances_in_global_batch: Any = None) -> Any:
@@ -302,7 +305,6 @@ class TFTrainer:
             raise ValueError(
                 f"train_dataset has {length} samples, fewer than one step's {step_batch} with dataloader_drop_last"
             )
-        self._may_be_partial = not args.dataloader_drop_last and length % step_batch != 0
         max_steps = (
             args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
         )
