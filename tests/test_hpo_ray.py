@@ -182,6 +182,8 @@ def test_unsupported_backends_and_bad_requests_fail_before_ray_starts(make_train
         )
     with pytest.raises(TypeError, match="hp_space must return a dict"):
         trainer.hyperparameter_search(backend="ray", hp_space=lambda _: [0.1])
+    with pytest.raises(TypeError, match=r"sets tune.run's \['num_samples'\] itself.*n_trials"):
+        trainer.hyperparameter_search(backend="ray", hp_space=lr_space, num_samples=3)
     assert not ray.is_initialized()
 
 
@@ -298,15 +300,16 @@ def test_asha_stops_a_bad_trial_at_its_first_rung(local_ray, make_trainer):
     trainer, journal = make_trainer(max_steps=16, save_strategy="no")
     # the initial model (a=b=0) has an eval loss near 14; a tiny rate keeps it there
     scheduler = tune.schedulers.ASHAScheduler(max_t=4, grace_period=1, reduction_factor=2)
-    best = trainer.hyperparameter_search(
-        backend="ray",
-        hp_space=lambda _: {"learning_rate": tune.grid_search([0.5, 1e-9])},
-        n_trials=1,
-        scheduler=scheduler,
-        max_concurrent_trials=1,  # the good trial first, so the bad one meets its result at the rung
-        reuse_actors=True,
-        verbose=0,
-    )
+    with pytest.warns(UserWarning, match=r"not TrainingArguments fields.*\['hidden_size'\]"):
+        best = trainer.hyperparameter_search(
+            backend="ray",
+            hp_space=lambda _: {"learning_rate": tune.grid_search([0.5, 1e-9]), "hidden_size": 4},
+            n_trials=1,
+            scheduler=scheduler,
+            max_concurrent_trials=1,  # the good trial first, so the bad one meets its result at the rung
+            reuse_actors=True,
+            verbose=0,
+        )
     by_lr = {t.config["learning_rate"]: t for t in best.run_summary.trials}
     assert by_lr[0.5].last_result["training_iteration"] == 4  # ran to the end (16 steps)
     assert by_lr[1e-9].last_result["training_iteration"] == 1  # stopped at the first rung
@@ -314,7 +317,7 @@ def test_asha_stops_a_bad_trial_at_its_first_rung(local_ray, make_trainer):
     rows = read_journal(journal)
     bad_evals = [r["step"] for r in rows if r["event"] == "eval" and r["trial"] == by_lr[1e-9].trial_id]
     assert bad_evals[0] == 4 and len(bad_evals) < 4
-    assert best.hyperparameters == {"learning_rate": 0.5}
+    assert best.hyperparameters == {"learning_rate": 0.5, "hidden_size": 4}  # the trial's whole config
 
 
 @pytest.mark.slow  # 11-24 s here: run with -m slow

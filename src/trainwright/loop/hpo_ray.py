@@ -20,6 +20,7 @@ batch size or accumulation is refused on resume, as for any resume.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import re
@@ -96,6 +97,20 @@ def run_ray_search(
     if not isinstance(space, dict):
         raise TypeError(f"hp_space must return a dict (Ray Tune's config), got {type(space).__name__}.")
 
+    taken = sorted(k for k in ("config", "num_samples") if k in kwargs)
+    if taken:
+        raise TypeError(
+            f"hyperparameter_search(backend='ray') sets tune.run's {taken} itself: give the search space "
+            "as hp_space and the number of samples as n_trials."
+        )
+    fields = {f.name for f in dataclasses.fields(args) if f.init}
+    unknown = sorted(k for k in space if k not in fields and k not in _TUNE_KEYS)
+    if unknown:  # said here once, not in every trial's worker log
+        warnings.warn(
+            f"hp_space returned keys that are not {type(args).__name__} fields; the trials' arguments skip "
+            f"them (model_init(trial) still sees them in the trial's config): {unknown}",
+            stacklevel=3,
+        )
     output_dir = os.path.abspath(args.output_dir)  # workers run in their trial folders
     kwargs.setdefault("resources_per_trial", {"cpu": 1, "gpu": 1 if args.n_gpu > 0 else 0})
     kwargs.setdefault("storage_path", os.path.join(output_dir, "ray_results"))
@@ -266,7 +281,9 @@ def _run_trial(config: dict[str, Any], trainer: Any) -> None:
     search: Search = trainer._hp_search
     trial = dict(config)
     params = {k: v for k, v in trial.items() if k not in _TUNE_KEYS}
-    trainer.args = args_for_trial(trainer.args, params, already_warned=search.warned)
+    with warnings.catch_warnings():  # unknown keys: the driver warned once for the whole search
+        warnings.filterwarnings("ignore", message="hp_space returned keys that are not")
+        trainer.args = args_for_trial(trainer.args, params, already_warned=search.warned)
     trainer.add_callback(_ReportAfterSave(trainer))
     checkpoint = tune.get_checkpoint()
     if checkpoint is None:
