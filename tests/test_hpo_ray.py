@@ -206,6 +206,21 @@ def test_default_hp_space_ray_samples_whole_seeds_and_upstreams_ranges():
         assert space["per_device_train_batch_size"].sample() in (4, 8, 16, 32, 64)
 
 
+def test_the_trainer_shipped_to_workers_has_no_model_and_an_absolute_output_dir(
+    make_trainer, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    trainer, _ = make_trainer(output_dir="relative_out")
+    search = hpo.Search(lambda m: 0.0, None, False, hpo_ray._ray_trial_id, hpo_ray._ray_report)
+    shipped = hpo_ray._shippable(trainer, os.path.abspath("relative_out"), search)
+    assert shipped.model is None and shipped.optimizer is None and shipped.callback_handler.model is None
+    assert shipped.args.output_dir == str(tmp_path / "relative_out")  # trials run in Tune's trial folders
+    assert shipped.hp_search_backend == "ray" and shipped._hp_search is search
+    # the caller's trainer is unchanged
+    assert trainer.model is not None and trainer.args.output_dir == "relative_out"
+    assert trainer.hp_search_backend is None and trainer.callback_handler is not shipped.callback_handler
+
+
 def test_checkpoint_folder_finds_the_trainer_checkpoint(tmp_path):
     direct = tmp_path / "direct"
     direct.mkdir()
