@@ -20,7 +20,7 @@ MOVED: dict[str, str] = {
     "trainwright.accelerator_facade": "trainwright.loop.accelerator_facade",
     "trainwright.argparser": "trainwright.args.parser",
     "trainwright.batch_size_finder": "trainwright.loop.batch_size_finder",
-    "trainwright.checkpoint_io": "trainwright.checkpoint.files",
+    "trainwright.checkpoint_io": "trainwright.checkpoint",  # its names are split over files/weights now
     "trainwright.cli": "trainwright.app.cli",
     "trainwright.debug_underflow": "trainwright.modeling.debug_underflow",
     "trainwright.deepspeed_engine": "trainwright.distributed.deepspeed",

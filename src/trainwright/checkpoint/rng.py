@@ -1,6 +1,6 @@
 """Random number generator state, stored so that `torch.load(weights_only=True)` reads it back.
 
-Public API (re-exported by `trainwright.checkpoint.folder`):
+Public API (re-exported by `trainwright.checkpoint`):
 
 * `capture_rng_state() -> dict`: python `random`, numpy's global generator, torch CPU and every CUDA
   device (when CUDA is in use), as tensors, ints, floats and strings only.
@@ -11,6 +11,7 @@ Public API (re-exported by `trainwright.checkpoint.folder`):
 * `save_rng_state(directory, rank=0, world_size=1) -> str` and
   `load_rng_state(directory, rank=0, world_size=1) -> bool` (False, with a warning, when the file is
   missing; a damaged or unsafe file is an error naming it).
+* `RngState`: the same as a checkpoint part (`state_dict` / `load_state_dict`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import os
 import random
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -128,8 +130,13 @@ def _load_foreign(path: str) -> dict[str, Any]:
         return safe_torch_load(path)
 
 
-def load_rng_state(directory: str | os.PathLike, rank: int = 0, world_size: int = 1) -> bool:
-    """Restore this rank's RNG state from `directory`.
+def load_rng_state(
+    directory: str | os.PathLike,
+    rank: int = 0,
+    world_size: int = 1,
+    restore: Callable[[dict[str, Any]], None] = restore_rng_state,
+) -> bool:
+    """Restore this rank's RNG state from `directory` (through `restore`, e.g. a part's `load_state_dict`).
 
     A missing file gives False and a warning (deleting it is how a resume opts out of the RNG
     state); a damaged or unsafe one raises `CheckpointError` naming it, since going on would
@@ -150,10 +157,20 @@ def load_rng_state(directory: str | os.PathLike, rank: int = 0, world_size: int 
             if not str(exc).startswith("refusing to unpickle"):
                 raise
             state = _load_foreign(path)
-        restore_rng_state(state)
+        restore(state)
     except (CheckpointError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(
             f"could not restore the RNG state from {path} ({exc}). Delete that file to resume without it "
             "(the resumed run is then not bit-exact), or resume from an earlier checkpoint."
         ) from exc
     return True
+
+
+class RngState:
+    """This process's random generators (Python, NumPy, torch CPU and accelerator) as a checkpoint part."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return capture_rng_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        restore_rng_state(state)

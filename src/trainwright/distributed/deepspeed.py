@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from trainwright.loop.trainer import Trainer
+from torch import nn
 
 ENGINE_DIR = "deepspeed"
 _AUTO = "auto"
@@ -126,9 +125,17 @@ class DeepSpeedRun:
         self.engine = engine
 
     @classmethod
-    def start(cls, trainer: Trainer) -> DeepSpeedRun:
-        """Build the engine over `trainer.model` with the Trainer's optimizer (or the config's), then
-        point `model_wrapped` at the engine and `optimizer` at its base torch optimizer."""
+    def start(
+        cls,
+        args: Any,
+        runtime: Any,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        create_optimizer: Callable[[], torch.optim.Optimizer],
+    ) -> DeepSpeedRun:
+        """Build the engine over `model` with the config's optimizer, else `optimizer`, else a new
+        one from `create_optimizer` (the Trainer's); forward then runs on `engine`, and the schedule
+        drives `base_optimizer`."""
         try:
             import deepspeed
         except ImportError as e:
@@ -136,38 +143,34 @@ class DeepSpeedRun:
                 "deepspeed is set in TrainingArguments but the deepspeed package is not installed: "
                 "pip install deepspeed"
             ) from e
-        args = trainer.args
         if args.torch_compile:
             raise ValueError(
                 "deepspeed and torch_compile are both set: DeepSpeed's engine is not compiled here."
             )
         if args.deepspeed is None:
             raise RuntimeError("DeepSpeedRun.start: TrainingArguments.deepspeed (the config) is not set.")
-        config = fill_config(load_config(args.deepspeed), args, trainer.runtime.world_size)
+        config = fill_config(load_config(args.deepspeed), args, runtime.world_size)
         from trainwright.optim.optimizers import decay_param_groups
 
         kwargs: dict[str, Any]
         if "optimizer" in config:
-            if trainer.optimizer is not None:
+            if optimizer is not None:
                 raise ValueError(
                     "deepspeed: the config has an `optimizer` section and the Trainer got an optimizer "
                     "too: keep one of them."
                 )
             kwargs = {
                 "optimizer": None,
-                "model_parameters": decay_param_groups(trainer.model, args.weight_decay),
+                "model_parameters": decay_param_groups(model, args.weight_decay),
             }
         else:
-            kwargs = {"optimizer": trainer.create_optimizer()}
+            kwargs = {"optimizer": create_optimizer()}
             # ZeRO otherwise refuses optimizers outside its own list (SGD, fused AdamW, ...).
             config.setdefault("zero_allow_untested_optimizer", True)
-        if not trainer.runtime.distributed:
+        if not runtime.distributed:
             _one_process_rendezvous()
-        engine, _, _, _ = deepspeed.initialize(model=trainer.model, config=config, **kwargs)
-        run = cls(engine)
-        trainer.model_wrapped = engine
-        trainer.optimizer = run.base_optimizer
-        return run
+        engine, _, _, _ = deepspeed.initialize(model=model, config=config, **kwargs)
+        return cls(engine)
 
     @property
     def base_optimizer(self) -> torch.optim.Optimizer:

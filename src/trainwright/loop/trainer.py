@@ -32,9 +32,10 @@ from trainwright.core.events import CallbackHandler, TrainerCallback
 from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import LoopCursor, TrainerControl, TrainerState, metric_improves
 from trainwright.distributed import device_cache
+from trainwright.distributed.engine import Engine, build_engine
 from trainwright.distributed.preemption import PreemptionGuard
 from trainwright.distributed.runtime import get_runtime
-from trainwright.loop import batch_size_finder, dataloaders, hub, optimization, prediction
+from trainwright.loop import batch_size_finder, dataloaders, hub, optimization, prediction, resume
 from trainwright.loop import checkpointing as training_checkpoint
 from trainwright.modeling import debug_underflow, liger, neftune
 from trainwright.modeling.loss import (
@@ -58,7 +59,6 @@ from trainwright.observe.metrics import (
 from trainwright.observe.metrics import log_metrics as _log_metrics
 from trainwright.observe.metrics import metrics_format as _metrics_format
 from trainwright.observe.metrics import save_metrics as _save_metrics
-from trainwright.optim.extra import is_fused_backward, lomo_backward
 from trainwright.optim.optimizers import get_optimizer_cls_and_kwargs as _get_optimizer_cls_and_kwargs
 from trainwright.optim.schedules import get_learning_rates
 from trainwright.reporters import get_reporting_integration_callbacks
@@ -308,7 +308,7 @@ class Trainer:
     @property
     def deepspeed(self) -> Any:
         """The DeepSpeed engine while a `deepspeed` run trains, else None."""
-        return self._deepspeed.engine if self._deepspeed is not None else None
+        return self._engine.deepspeed if self._engine is not None else None
 
     @property
     def is_model_parallel(self) -> bool:
@@ -510,7 +510,7 @@ class Trainer:
                 f"eval_strategy={args.eval_strategy.value if hasattr(args.eval_strategy, 'value') else args.eval_strategy!r}"
                 " needs an eval_dataset: pass one to the Trainer or set eval_strategy='no'."
             )
-        resume_path = training_checkpoint.resolve_resume_path(self, resume_from_checkpoint)
+        resume_path = resume.resolve_resume_path(self, resume_from_checkpoint)
         inner_training_loop = batch_size_finder.inner_loop(self, resume_path)  # auto_find_batch_size
         lock = None
         try:
@@ -633,10 +633,9 @@ class Trainer:
                 self.model, cast("dict[str, Any] | None", args.gradient_checkpointing_kwargs)
             )
         self.model_wrapped = self._wrap_model(self.model)
-        if args.deepspeed:  # DeepSpeed: the engine wraps the model around the (Trainer's) optimizer
-            from trainwright.distributed.deepspeed import DeepSpeedRun
-
-            self._deepspeed = DeepSpeedRun.start(self)
+        engine = build_engine(args, runtime, self.model, self.model_wrapped)  # plain/DDP, FSDP2, DeepSpeed
+        if engine.owns_optimizer:  # DeepSpeed: its engine wraps the model and our (or its config's) optimizer
+            self.model_wrapped, self.optimizer = engine.start(self.optimizer, self.create_optimizer)
             self.create_scheduler(max_steps, self.optimizer)
         else:  # after wrapping: FSDP2 replaces the parameters with sharded ones
             self.create_optimizer_and_scheduler(num_training_steps=max_steps)
@@ -649,10 +648,12 @@ class Trainer:
                     self.model_wrapped, backend=args.torch_compile_backend, mode=args.torch_compile_mode
                 ),
             )
-        # DeepSpeed's engine does its own fp16 loss scaling.
-        self.scaler = runtime.grad_scaler(bool(args.fp16) and self._deepspeed is None)
+        if self.optimizer is None:
+            raise RuntimeError("create_optimizer_and_scheduler() did not create Trainer.optimizer.")
+        engine.attach(self.model_wrapped, self.optimizer)
+        self._engine, self.scaler = engine, engine.scaler  # fp16 grad scaler (DeepSpeed scales itself)
         if resume_path is not None:
-            training_checkpoint.restore(self, resume_path, train_dataloader)
+            self._iterable_restored = training_checkpoint.restore(self, resume_path, train_dataloader)
         self._plateau = self._scheduler_is_plateau()  # checked once, not every step
         self.cursor.first_step_of_call = self.cursor.steps_applied
         self._samples_at_start = self.cursor.samples_seen
@@ -687,8 +688,6 @@ class Trainer:
             max_steps,
             self.get_num_trainable_parameters(),
         )
-        if self.optimizer is None:
-            raise RuntimeError("create_optimizer_and_scheduler() did not create Trainer.optimizer.")
         self.optimizer.zero_grad(set_to_none=True)
         start_time = self._start_time = time.time()
         self.control = handler.on_train_begin(args, self.state, self.control)
@@ -709,6 +708,8 @@ class Trainer:
         args, cursor, handler = self.args, self.cursor, self.callback_handler
         assert self.optimizer is not None  # created by _inner_training_loop before the first epoch
         ga = args.gradient_accumulation_steps
+        assert self._engine is not None  # set up by _inner_training_loop
+        accumulate, clip, step = self._engine.accumulate, self._engine.clip, self._engine.step
         batches = self._epoch_batches(dataloader, epoch)
         if self._past_state is not None:  # past_index: the memory starts empty each epoch (v4)
             self._past_state.reset()
@@ -726,15 +727,15 @@ class Trainer:
             last = len(micro_batches) - 1
             for i, inputs in enumerate(micro_batches):
                 self._advance_cursor(inputs)
-                with self._sync_context(skip_sync=i < last):
+                with accumulate(i < last):  # no gradient sync but on the last micro-batch
                     step_loss = self.training_step(self.model_wrapped, inputs, num_items)
                 self._losses.add(cursor.steps_since_log, step_loss)
                 if i < last:
                     self.control = handler.on_substep_end(args, self.state, self.control)
             del micro_batches
-            self._grad_norm = self._clip_gradients()
+            self._grad_norm = clip()
             self.control = handler.on_pre_optimizer_step(args, self.state, self.control)
-            applied = self._optimizer_step()
+            applied, self._grad_norm = step(self._grad_norm)  # DeepSpeed reports the norm it clipped
             self.control = handler.on_optimizer_step(args, self.state, self.control)
             self._last_lr = self.optimizer.param_groups[0]["lr"]  # the rate this step applied
             if applied and not self._plateau:
@@ -785,19 +786,6 @@ class Trainer:
         skip = 0 if self._iterable_restored else self.cursor.batch_in_epoch
         self._iterable_restored = False
         return data_utils.skip_iterable(dataloader, skip) if skip else iter(dataloader)
-
-    def _sync_context(self, skip_sync: bool) -> contextlib.AbstractContextManager:
-        """No gradient all-reduce on accumulation micro-steps (nothing to do on one process)."""
-        if self._deepspeed is not None:  # the engine reduces at the boundary it is told of
-            self._deepspeed.set_boundary(not skip_sync)
-            return _NO_CONTEXT
-        if (
-            skip_sync
-            and self.runtime.distributed
-            and not cast(AcceleratorConfig, self.args.accelerator_config).sync_each_batch
-        ):
-            return self.runtime.no_sync(self.model_wrapped, skip_sync=True)
-        return _NO_CONTEXT
 
     def _preempted(self) -> bool:
         guard = self._preemption
@@ -892,37 +880,6 @@ class Trainer:
         self.state.epoch = self.cursor.fractional_epoch
         self.state.total_flos = self.cursor.flops_seen * self.runtime.world_size
 
-    def _clip_gradients(self) -> torch.Tensor | None:
-        if self.args.max_grad_norm is None or self.args.max_grad_norm <= 0:
-            return None
-        if self._deepspeed is not None:
-            return None  # the engine clips inside its step (gradient_clipping) and reports the norm
-        if is_fused_backward(self.optimizer):
-            return None  # LOMO clipped inside its backward (clip_grad_norm) and kept no gradients
-        if self.scaler is not None:
-            assert self.optimizer is not None  # training has one
-            self.scaler.unscale_(self.optimizer)
-        model: Any = self.model_wrapped
-        if hasattr(model, "clip_grad_norm_"):  # FSDP owns its clipping
-            return model.clip_grad_norm_(self.args.max_grad_norm)
-        return torch.nn.utils.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
-
-    def _optimizer_step(self) -> bool:
-        """Step the optimizer; False when the fp16 grad scaler skipped the update."""
-        if self._deepspeed is not None:
-            applied, self._grad_norm = self._deepspeed.step()
-            return applied
-        if is_fused_backward(self.optimizer):
-            return True  # LOMO stepped inside the backward
-        assert self.optimizer is not None  # training has one
-        if self.scaler is None:
-            self.optimizer.step()
-            return True
-        scale = self.scaler.get_scale()
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        return self.scaler.get_scale() >= scale
-
     def _scheduler_is_plateau(self) -> bool:
         return isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
@@ -945,13 +902,9 @@ class Trainer:
         if self._empty_cache is not None:  # after the forward, before the backward, as upstream
             self._empty_cache(self.state.global_step)
         loss = self._scale_for_accumulation(loss, micro_items, num_items_in_batch)
-        if self._deepspeed is not None:
-            self._deepspeed.backward(loss)
-        elif self.scaler is not None:
-            self.scaler.scale(loss).backward()
-        elif is_fused_backward(self.optimizer):  # LOMO/AdaLOMO update the weights in the backward
-            lomo_backward(self.optimizer, loss)
-        else:
+        if self._engine is not None:  # DeepSpeed's, the fp16 scaler's, LOMO's fused backward, or plain
+            self._engine.backward(loss)
+        else:  # called outside train()
             loss.backward()
         return loss.detach()
 
@@ -1031,7 +984,7 @@ class Trainer:
     _preemption: PreemptionGuard | None = None
     _eval_stops_on_preemption = False  # True while the loop's own evaluation runs (stops on preemption)
     _iterable_restored = False
-    _deepspeed: Any = None  # deepspeed_engine.DeepSpeedRun while a `deepspeed` run trains
+    _engine: Engine | None = None  # the backend's engine of the current train() call
     _train_batch_size: int | None = None  # auto_find_batch_size: the per-device size that fitted
     _neftune_hook: Any = None  # NEFTune's forward hook while train() runs
     _overflow_detector: Any = None  # debug="underflow_overflow": a debug_underflow.DebugUnderflowOverflow
@@ -1229,6 +1182,12 @@ class Trainer:
         training_checkpoint.load_weights(
             self, resume_from_checkpoint, model if model is not None else self.model
         )
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        """Restore this process's random generators from a checkpoint folder (a missing file warns,
+        a damaged one is an error)."""
+        if checkpoint is not None:
+            training_checkpoint.load_rng_state(self, checkpoint)
 
     def _load_best_model(self) -> None:
         """Load the weights of `state.best_model_checkpoint` (load_best_model_at_end)."""

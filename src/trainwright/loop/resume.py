@@ -1,0 +1,308 @@
+"""Resuming: which checkpoint folder to resume, and the rules that decide whether what it holds fits
+this run (the optimizer and schedule it was written with, the batch geometry that gives the saved
+position its meaning, the data order), each checked before anything is loaded or named in the error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from typing import Any, Protocol
+
+import torch
+
+import trainwright.checkpoint as ckpt
+from trainwright.args.training_args import TrainingArguments
+from trainwright.core.state import LoopCursor, TrainerState
+from trainwright.distributed import fsdp
+from trainwright.distributed.deepspeed import ENGINE_DIR
+from trainwright.distributed.runtime import Runtime
+
+logger = logging.getLogger(__name__)
+
+# Arguments that change what a saved position means; a resume with other values is refused.
+POSITION_ARGS = ("per_device_train_batch_size", "gradient_accumulation_steps")
+
+
+class ResumingTrainer(Protocol):
+    """What the resume rules need of the Trainer (a Protocol: this module never imports the Trainer)."""
+
+    args: TrainingArguments
+    runtime: Runtime
+    state: TrainerState
+    cursor: LoopCursor
+    optimizer: torch.optim.Optimizer | None
+    lr_scheduler: Any
+    optimizer_cls_and_kwargs: tuple[type, dict] | None
+
+
+def optimizer_of(trainer: ResumingTrainer) -> torch.optim.Optimizer:
+    """The Trainer's optimizer, which train() creates before a checkpoint is saved or loaded."""
+    if trainer.optimizer is None:
+        raise RuntimeError(
+            "The Trainer has no optimizer: train() creates it (create_optimizer) before a checkpoint is "
+            "saved or loaded."
+        )
+    return trainer.optimizer
+
+
+# ---------------------------------------------------------------------- choosing what to resume
+def resolve_resume_path(trainer: ResumingTrainer, resume: str | bool | None) -> str | None:
+    """The checkpoint folder to resume from, checked before any work is done."""
+    if resume is None:
+        resume = trainer.args.resume_from_checkpoint
+    if resume is None or resume is False:
+        return None
+    if resume is True:
+        output_dir = trainer.args.output_dir
+        assert output_dir is not None  # TrainingArguments.__post_init__ fills it in
+        path = ckpt.get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+        if path is None:
+            raise ValueError(f"No valid checkpoint found in output directory ({output_dir}).")
+    else:
+        path = str(resume)
+        if not os.path.isdir(path):
+            raise ValueError(f"Can't find a valid checkpoint at {path}: no such folder.")
+    needed = ["model", "trainer_state"]
+    if os.path.exists(os.path.join(path, ckpt.OPTIMIZER_NAME)):
+        if not trainer.args.save_only_model:
+            needed += ["optimizer", "scheduler"]
+    elif _engine_optimizer_state(path):
+        pass  # FSDP's DCP folder or DeepSpeed's engine checkpoint holds the optimizer state
+    elif not _weights_only_resume(trainer, path):
+        raise ValueError(
+            f"Can't resume exactly from {path}: it has no {ckpt.OPTIMIZER_NAME}, so the optimizer would start "
+            "afresh (and its moments, step counts and learning-rate schedule with it). Resume from a complete "
+            "checkpoint, or pass save_only_model=True to resume the weights with a fresh optimizer (a "
+            f"{ckpt.SCHEDULER_NAME} that is present is still restored)."
+        )
+    problems = ckpt.check_checkpoint_files(path, need=tuple(needed))
+    if "optimizer" not in needed:  # a weights-only resume does not read it, whatever state it is in
+        problems = [p for p in problems if not p.startswith(ckpt.OPTIMIZER_NAME)]
+    if problems:
+        raise ValueError(f"Can't resume from {path}: " + "; ".join(problems))
+    return path
+
+
+def _saved_args(path: str) -> dict[str, Any]:
+    """The checkpoint's training_args.json (empty for a checkpoint without one, e.g. upstream's)."""
+    file = os.path.join(path, ckpt.TRAINING_ARGS_NAME)
+    return ckpt.read_json(file) if os.path.isfile(file) else {}
+
+
+def _engine_optimizer_state(path: str) -> bool:
+    """Whether the optimizer state is in an engine's own format (DCP folder, DeepSpeed checkpoint)."""
+    return os.path.isdir(os.path.join(path, fsdp.OPTIMIZER_DIR)) or os.path.isdir(
+        os.path.join(path, ENGINE_DIR)
+    )
+
+
+def _weights_only_resume(trainer: ResumingTrainer, path: str) -> bool:
+    """A resume that loads weights (and a scheduler if saved) but no optimizer: opted into by
+    save_only_model now, or by a checkpoint written with save_only_model."""
+    return bool(trainer.args.save_only_model or _saved_args(path).get("save_only_model"))
+
+
+def check_optimizer_matches(trainer: ResumingTrainer, saved: dict[str, Any], path: str) -> None:
+    """Refuse optimizer.pt written by another optimizer (another `optim`, or groups of other
+    hyperparameters): loading it would fail at the first step, or silently mix states."""
+    now_name = _optim_name(trainer.args.optim)
+    saved_name = _saved_args(path).get("optim")
+    groups_now, groups_saved = optimizer_of(trainer).param_groups, saved.get("param_groups", [])
+    keys_now = sorted(set().union(*(g.keys() for g in groups_now)) - {"params", "initial_lr"})
+    keys_saved = (
+        sorted(set().union(*(g.keys() for g in groups_saved)) - {"params", "initial_lr"})
+        if groups_saved
+        else []
+    )
+    layout_now = [len(g["params"]) for g in groups_now]
+    layout_saved = [len(g["params"]) for g in groups_saved]
+    problems = []
+    if (
+        saved_name is not None
+        and trainer.optimizer_cls_and_kwargs is None
+        and _optim_name(saved_name) != now_name
+    ):
+        problems.append(f"it was written with optim={saved_name!r}, this run has optim={now_name!r}")
+    if keys_now != keys_saved:
+        problems.append(f"its parameter groups hold {keys_saved}, this optimizer's hold {keys_now}")
+    elif layout_now != layout_saved:
+        problems.append(f"its groups have {layout_saved} parameters, this optimizer's have {layout_now}")
+    if problems:
+        raise ValueError(
+            f"Can't load {os.path.join(path, ckpt.OPTIMIZER_NAME)} into this run's optimizer: "
+            + "; ".join(problems)
+            + ". Resume with the checkpoint's optim (and the same model and trainable parameters), or pass "
+            "save_only_model=True to resume the weights with a fresh optimizer."
+        )
+
+
+def _optim_name(value: Any) -> str:
+    name = getattr(value, "value", value)
+    return "adamw_torch" if name == "adamw_hf" else str(name)
+
+
+_SCHEDULE_FIELDS = (
+    "learning_rate",
+    "lr_scheduler_type",
+    "lr_scheduler_kwargs",
+    "warmup_steps",
+    "warmup_ratio",
+)
+
+
+def keep_saved_schedule(trainer: ResumingTrainer, path: str) -> None:
+    """The rule on resume: the checkpoint's learning-rate schedule continues. Its rates and step
+    come back from scheduler.pt; its shape (type, warm-up, kwargs) from its training_args.json, so
+    a Trainer-made scheduler is rebuilt with them. Changed arguments are named in one warning."""
+    saved = _saved_args(path)
+    args = trainer.args
+    changed = {
+        k: (saved[k], _plain(getattr(args, k)))
+        for k in _SCHEDULE_FIELDS
+        if k in saved and _normal(saved[k]) != _normal(_plain(getattr(args, k)))
+    }
+    if not changed:
+        return
+    logger.warning(
+        "Resuming from %s: %s differ from the checkpoint's; the checkpoint's learning-rate schedule "
+        "continues (its scheduler.pt wins). Start a new run to train with the new values.",
+        path,
+        ", ".join(f"{k} ({now!r} now, {was!r} in the checkpoint)" for k, (was, now) in changed.items()),
+    )
+    if not getattr(trainer, "_created_scheduler", False) or isinstance(
+        trainer.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau
+    ):
+        return  # the user's own scheduler object: its state is loaded as it is
+    from types import SimpleNamespace
+
+    from trainwright.args.training_args import TrainingArguments
+    from trainwright.optim.schedules import get_scheduler
+
+    warm = SimpleNamespace(
+        warmup_steps=saved.get("warmup_steps", args.warmup_steps),
+        warmup_ratio=saved.get("warmup_ratio", args.warmup_ratio),
+    )
+    total = trainer.state.max_steps
+    trainer.lr_scheduler = get_scheduler(
+        saved.get("lr_scheduler_type", _plain(args.lr_scheduler_type)),
+        optimizer=optimizer_of(trainer),
+        num_warmup_steps=TrainingArguments.get_warmup_steps(warm, total),  # type: ignore[arg-type]
+        num_training_steps=total,
+        scheduler_specific_kwargs=saved.get("lr_scheduler_kwargs") or {},
+    )
+
+
+def _plain(value: Any) -> Any:
+    return getattr(value, "value", value)
+
+
+def _normal(value: Any) -> Any:
+    return {} if value is None else value  # lr_scheduler_kwargs: None and {} are the same
+
+
+def _global_batch(values: dict[str, Any]) -> int | None:
+    try:
+        return (
+            values["per_device_train_batch_size"]
+            * values["gradient_accumulation_steps"]
+            * values["world_size"]
+        )
+    except (KeyError, TypeError):
+        return None
+
+
+def check_position_args(trainer: ResumingTrainer, data_state: dict, dataloader: Any, path: str) -> None:
+    """Refuse a resume whose batch geometry moves the saved position. A different split of the same
+    global batch (processes x batch per device x accumulation) is fine: the sampler deals one
+    global order, so the position is rescaled (`rescale_position`)."""
+    now: dict[str, Any] = {k: getattr(trainer.args, k) for k in POSITION_ARGS}
+    now["world_size"] = trainer.runtime.world_size
+    dataset = getattr(dataloader, "dataset", None)
+    now["dataset_length"] = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None
+    same_global = _global_batch(now) == _global_batch(data_state) is not None
+    changed = [
+        f"{k}: {data_state.get(k)} in the checkpoint, {v} now"
+        for k, v in now.items()
+        if data_state.get(k) != v and not (same_global and k in (*POSITION_ARGS, "world_size"))
+    ]
+    if changed:
+        raise ValueError(
+            f"Can't resume exactly from {path}: "
+            + "; ".join(changed)
+            + ". These change which samples the saved "
+            "position points to. Restore the original values, or pass ignore_data_skip=True to restart the "
+            "current epoch from its first batch."
+        )
+
+
+def rescale_position(cursor: LoopCursor, data_state: dict, trainer: ResumingTrainer) -> None:
+    """Per-process counts of a checkpoint saved with another number of processes (same global batch)."""
+    old, new = data_state.get("world_size", 1), trainer.runtime.world_size
+    if old == new:
+        return
+    consumed = cursor.samples_in_epoch * old  # the global position in this epoch's order
+    if consumed % new:
+        raise ValueError(
+            f"Can't resume with {new} processes: the checkpoint's position ({consumed} samples into the epoch) "
+            f"does not split evenly over them. Use a number of processes that divides it, or ignore_data_skip=True."
+        )
+    cursor.samples_in_epoch = consumed // new
+    cursor.batch_in_epoch = cursor.samples_in_epoch // trainer.args.per_device_train_batch_size
+    cursor.samples_seen = cursor.samples_seen * old // new
+    cursor.tokens_seen = cursor.tokens_seen * old // new
+    cursor.flops_seen = cursor.flops_seen * old / new
+    logger.info("Checkpoint saved with %d processes, resumed with %d: position rescaled.", old, new)
+
+
+def keep_saved_data_order(trainer: ResumingTrainer, dataloader: Any, data_state: dict, path: str) -> None:
+    """The interrupted run's data order continues: the sampler's saved state (its seed with it) and
+    the loader's worker seeds. A changed seed/data_seed is named in a warning; it applies to new runs."""
+    args = trainer.args
+    sampler: Any = getattr(dataloader, "sampler", None)
+    saved_seed = data_state.get("seed")
+    now_seed = args.data_seed if args.data_seed is not None else args.seed
+    if saved_seed is not None and saved_seed != now_seed:
+        field = "data_seed" if args.data_seed is not None else "seed"
+        logger.warning(
+            "Resuming from %s: %s=%s now, the checkpoint's data order was drawn with %s; that order continues "
+            "so no sample is trained twice or skipped in this epoch (the new value applies to new runs).",
+            path,
+            field,
+            now_seed,
+            saved_seed,
+        )
+    saved_sampler = data_state.get("sampler")
+    same_layout = data_state.get("world_size", 1) == trainer.runtime.world_size
+    if saved_sampler is not None and same_layout and hasattr(sampler, "load_state_dict"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # its own seed warning repeats the one above
+            sampler.load_state_dict(saved_sampler)
+    elif saved_seed is not None and hasattr(sampler, "seed"):
+        sampler.seed = int(saved_seed)
+    if saved_seed is not None and hasattr(dataloader, "seed"):
+        dataloader.seed = int(saved_seed)  # worker seeds of an EpochSeededDataLoader
+
+
+def use_own_loss_window(cursor: LoopCursor, data_state: dict, runtime: Any) -> None:
+    """Each process's unlogged step losses (saved per process, so logged means stay exact)."""
+    windows = data_state.get("loss_windows")
+    if not windows:
+        return
+    if len(windows) == runtime.world_size:
+        cursor.loss_window = list(windows[runtime.rank])
+    else:  # another number of processes: every process continues from the mean window
+        cursor.loss_window = [sum(v) / len(v) for v in zip(*windows)]
+
+
+def cursor_from_global_step(trainer: ResumingTrainer, global_step: int) -> LoopCursor:
+    ga = trainer.args.gradient_accumulation_steps
+    batches = trainer.cursor.steps_in_epoch
+    cursor = LoopCursor(steps_in_epoch=batches, steps_applied=global_step, steps_attempted=global_step)
+    if batches:
+        updates = max(-(-batches // ga), 1)
+        cursor.epoch = global_step // updates
+        cursor.batch_in_epoch = min((global_step % updates) * ga, batches)
+        cursor.samples_in_epoch = cursor.batch_in_epoch * trainer.args.per_device_train_batch_size
+    return cursor
