@@ -173,6 +173,94 @@ def test_async_checkpoint_is_byte_identical_to_the_sync_one(tmp_path, tied):
     assert {k for k in sync if sync[k] != done[k]} == set()
 
 
+class _Weights:
+    """A folder part that can be staged: the model's weights file."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def save(self, folder):
+        ckpt.save_model_weights(self.model, folder)
+
+    def load(self, folder):
+        ckpt.load_model_weights(self.model, folder)
+
+    def stage(self):
+        return self.model.state_dict()
+
+    def save_staged(self, folder, staged, group):
+        ckpt.save_model_weights(self.model, folder, state_dict=staged)
+
+
+class _Counters:
+    def __init__(self):
+        self.state = {"global_step": 3, "history": [{"loss": 1.5}]}
+
+    def state_dict(self):
+        return dict(self.state)
+
+    def load_state_dict(self, state):
+        self.state = state
+
+
+def test_save_checkpoint_async_writes_what_the_manager_writes(tmp_path):
+    from trainwright.checkpoint.async_writer import save_checkpoint_async
+    from trainwright.checkpoint.manager import CheckpointManager
+    from trainwright.checkpoint.rng import RngState
+
+    model, opt = _trained()
+    sched = torch.optim.lr_scheduler.StepLR(opt, 2)
+    parts = {
+        "model": _Weights(model),
+        "optimizer": opt,
+        "scheduler": sched,
+        "rng": RngState(),
+        "trainer_state": _Counters(),
+    }
+
+    class One:  # what the manager needs of the runtime, for one process
+        rank, world_size = 0, 1
+
+        def barrier(self):
+            pass
+
+    manager = CheckpointManager(One(), main=True)
+    torch.manual_seed(5)
+    for i in (1, 2, 3):  # three older checkpoints, rotated to 2 by each save
+        manager.save(str(tmp_path / "sync"), f"checkpoint-{i}", parts, save_total_limit=2)
+    writer, done = AsyncCheckpointWriter(), []
+    torch.manual_seed(5)  # the same RNG state at the save
+    out = str(tmp_path / "async")
+    for i in (1, 2, 3):
+        assert save_checkpoint_async(
+            writer, manager, out, f"checkpoint-{i}", parts, save_total_limit=2, on_done=done.append
+        )
+        kept = model[0].weight.detach().clone()
+        with torch.no_grad():  # training goes on (undone before the next save, so it saves the same)
+            model[0].weight.add_(1)
+        writer.wait()
+        with torch.no_grad():
+            model[0].weight.copy_(kept)
+    assert done == [os.path.join(out, f"checkpoint-{i}") for i in (1, 2, 3)]
+    assert (
+        sorted(os.listdir(out)) == sorted(os.listdir(tmp_path / "sync")) == ["checkpoint-2", "checkpoint-3"]
+    )
+    for name in ("checkpoint-2", "checkpoint-3"):
+        sync, done_files = _files(tmp_path / "sync" / name), _files(os.path.join(out, name))
+        assert sorted(sync) == sorted(done_files) and ckpt.OPTIMIZER_NAME in sync
+        assert [f for f in sync if sync[f] != done_files[f]] == []
+
+    class Unstaged:  # a folder part with no stage(): the caller saves synchronously
+        def save(self, folder):
+            pass
+
+        def load(self, folder):
+            pass
+
+    assert not save_checkpoint_async(writer, manager, out, "checkpoint-4", {**parts, "x": Unstaged()})
+    assert not writer.pending and not os.path.exists(os.path.join(out, "checkpoint-4"))
+
+
 def test_on_done_runs_in_the_polling_thread_once_durable(tmp_path):
     model, opt = _trained()
     state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "rng": {}, "trainer": {}}

@@ -37,15 +37,24 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from trainwright.checkpoint.files import CheckpointError
+from trainwright.checkpoint.folder import rotate_checkpoints, write_checkpoint
+from trainwright.checkpoint.manager import FILES, CheckpointManager
 from trainwright.checkpoint.snapshot import SnapshotBuffers
 
-__all__ = ["AsyncCheckpointError", "AsyncCheckpointWriter", "GroupCollectives"]
+__all__ = [
+    "AsyncCheckpointError",
+    "AsyncCheckpointWriter",
+    "GroupCollectives",
+    "StagedPart",
+    "save_checkpoint_async",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +167,11 @@ class AsyncCheckpointWriter:
         return self._pending is not None
 
     @property
+    def ready(self) -> bool:
+        """Whether the pending write's job has returned (finish it with `poll` / `wait`)."""
+        return self._pending is not None and self._pending.done.is_set()
+
+    @property
     def pending_target(self) -> str | None:
         return None if self._pending is None else self._pending.target
 
@@ -236,3 +250,65 @@ class AsyncCheckpointWriter:
         error = AsyncCheckpointError(f"{text} (written in the background)")
         error.__cause__ = exc
         return error
+
+
+@runtime_checkable
+class StagedPart(Protocol):
+    """A folder part (see `manager.FolderPart`) that can be written in the background: `stage()`
+    returns, in the training thread, what its `save` reads (tensors and plain data, which are then
+    snapshotted); `save_staged(folder, staged, group)` writes the same files from it on the writer
+    thread, using process group `group` (None: one process) for any collective it needs."""
+
+    def stage(self) -> Any: ...
+
+    def save_staged(self, folder: str, staged: Any, group: Any) -> Any: ...
+
+
+def save_checkpoint_async(
+    writer: AsyncCheckpointWriter,
+    manager: CheckpointManager,
+    run_dir: str,
+    name: str,
+    parts: Mapping[str, Any],
+    *,
+    collectives: GroupCollectives | None = None,
+    save_total_limit: int | None = None,
+    best_checkpoint: str | None = None,
+    on_done: Callable[[str], None] | None = None,
+) -> bool:
+    """`manager.save(run_dir, name, parts, ...)` with the writing in the background.
+
+    In the calling thread: finish the previous write, take the Stateful parts' state dicts and the
+    folder parts' staged state, copy them (`writer.save`). On the writer thread: the same files as
+    `CheckpointManager.save`, written in the same order into `write_checkpoint`'s hidden folder and
+    committed when every process is done (`collectives`: a `GroupCollectives` when several
+    processes save). `on_done(path)` runs, after the rotation, in the thread that finishes the
+    write (`writer.poll` / `wait`). Returns False, having done nothing, when a folder part can't be
+    staged (it has no `stage`): then save synchronously.
+    """
+    folder_parts = {n: p for n, p in parts.items() if n not in FILES}
+    if not all(isinstance(p, StagedPart) for p in folder_parts.values()):
+        return False
+    writer.wait()  # the previous write (and its rotation) first; its buffers are reused below
+    states = manager.snapshot(parts)
+    staged = {n: p.stage() for n, p in folder_parts.items()}
+    group = collectives.group if collectives is not None else None
+
+    def write(copy: dict[str, Any]) -> str:
+        def write_files(tmp: str) -> None:
+            for part_name, part in parts.items():  # the order of CheckpointManager.save
+                if part_name in folder_parts:
+                    part.save_staged(tmp, copy["staged"][part_name], group)
+                elif part_name in copy["states"]:
+                    manager._write(tmp, part_name, copy["states"][part_name])
+
+        return write_checkpoint(run_dir, name, write_files, runtime=collectives)
+
+    def done(path: str) -> None:
+        if manager.main and save_total_limit is not None:  # sees only complete checkpoints
+            rotate_checkpoints(run_dir, save_total_limit, best_model_checkpoint=best_checkpoint)
+        if on_done is not None:
+            on_done(path)
+
+    writer.save(os.path.join(run_dir, name), {"states": states, "staged": staged}, write, done)
+    return True
