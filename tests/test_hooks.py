@@ -177,6 +177,7 @@ def test_log_save_evaluate_gets_upstreams_arguments(make_args):
 
     trainer = make(T, make_args, logging_steps=2)
     trainer.train()
+    assert len(got) >= trainer.state.global_step  # every step, as upstream (not only steps that log)
     tr_loss, grad_norm, model, epoch, start_time, lr = got[0]
     assert isinstance(tr_loss, torch.Tensor) and tr_loss.dim() == 0 and tr_loss.item() > 0
     assert model is trainer.model_wrapped and isinstance(start_time, float) and lr is not None

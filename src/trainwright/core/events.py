@@ -137,6 +137,7 @@ class CallbackHandler(TrainerCallback):
         self._listeners: dict[str, list[TrainerCallback]] = {}
         for cb in callbacks or []:
             self.add_callback(cb)
+        self._refresh()  # every event has its (maybe empty) list, even with no callback
         self.model = model
         self.processing_class = processing_class
         self.optimizer = optimizer
@@ -229,15 +230,23 @@ class CallbackHandler(TrainerCallback):
         return self.call_event("on_step_begin", args, state, control)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if not self._listeners["on_pre_optimizer_step"]:  # every step: no call for no listener
+            return control
         return self.call_event("on_pre_optimizer_step", args, state, control)
 
     def on_optimizer_step(self, args, state, control, **kwargs):
+        if not self._listeners["on_optimizer_step"]:  # every step: no call for no listener
+            return control
         return self.call_event("on_optimizer_step", args, state, control)
 
     def on_substep_end(self, args, state, control, **kwargs):
+        if not self._listeners["on_substep_end"]:  # every step: no call for no listener
+            return control
         return self.call_event("on_substep_end", args, state, control)
 
     def on_step_end(self, args, state, control, **kwargs):
+        if not self._listeners["on_step_end"]:  # every step: no call for no listener
+            return control
         return self.call_event("on_step_end", args, state, control)
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):

@@ -475,6 +475,8 @@ class Trainer:
 
     def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
         """Autocast to bf16/fp16 when mixed precision is on (not over a model cast for full eval)."""
+        if not (self.args.bf16 or self.args.fp16):
+            return _NO_CONTEXT  # the common case, on every micro-batch: decided without a call
         dtype = self._amp_dtype(evaluating=not self.model.training)
         if dtype is None:
             return _NO_CONTEXT
@@ -710,6 +712,7 @@ class Trainer:
         ga = args.gradient_accumulation_steps
         assert self._engine is not None  # set up by _inner_training_loop
         accumulate, clip, step = self._engine.accumulate, self._engine.clip, self._engine.step
+        plain_boundary = self._engine.plain_boundary
         batches = self._epoch_batches(dataloader, epoch)
         if self._past_state is not None:  # past_index: the memory starts empty each epoch (v4)
             self._past_state.reset()
@@ -727,8 +730,11 @@ class Trainer:
             last = len(micro_batches) - 1
             for i, inputs in enumerate(micro_batches):
                 self._advance_cursor(inputs)
-                with accumulate(i < last):  # no gradient sync but on the last micro-batch
+                if i == last and plain_boundary:  # nothing to tell the engine: no context (~1 us)
                     step_loss = self.training_step(self.model_wrapped, inputs, num_items)
+                else:
+                    with accumulate(i < last):  # no gradient sync but on the last micro-batch
+                        step_loss = self.training_step(self.model_wrapped, inputs, num_items)
                 self._losses.add(cursor.steps_since_log, step_loss)
                 if i < last:
                     self.control = handler.on_substep_end(args, self.state, self.control)
@@ -746,9 +752,19 @@ class Trainer:
             cursor.steps_since_log += 1
             self._sync_state()
             self.control = handler.on_step_end(args, self.state, self.control)
+            control = self.control
             if self._preempted():
-                self.control.should_save = self.control.should_training_stop = True
-            self._maybe_log_save_evaluate(*self._log_save_evaluate_args(trial, epoch, ignore_keys_for_eval))
+                control.should_save = control.should_training_stop = True
+            if (  # an overriding subclass sees every step, as upstream calls it every step
+                self._custom_lse
+                or control.should_log
+                or control.should_evaluate
+                or control.should_save
+                or cursor.steps_since_log >= _MAX_UNLOGGED_STEPS
+            ):
+                self._maybe_log_save_evaluate(
+                    *self._log_save_evaluate_args(trial, epoch, ignore_keys_for_eval)
+                )
             if self.control.should_epoch_stop or self.control.should_training_stop:
                 break
             if self.state.global_step >= max_steps:
@@ -901,7 +917,8 @@ class Trainer:
         del inputs
         if self._empty_cache is not None:  # after the forward, before the backward, as upstream
             self._empty_cache(self.state.global_step)
-        loss = self._scale_for_accumulation(loss, micro_items, num_items_in_batch)
+        if num_items_in_batch is not None:
+            loss = self._scale_for_accumulation(loss, micro_items, num_items_in_batch)
         if self._engine is not None:  # DeepSpeed's, the fp16 scaler's, LOMO's fused backward, or plain
             self._engine.backward(loss)
         else:  # called outside train()
@@ -935,19 +952,17 @@ class Trainer:
     ):
         """The model's loss (or `compute_loss_func`'s, or label smoothing's) for one batch."""
         labels = None
-        if (self.label_smoother is not None or self.compute_loss_func is not None) and "labels" in inputs:
+        custom = self.label_smoother is not None or self.compute_loss_func is not None
+        if custom and "labels" in inputs:
             inputs = dict(inputs)
             labels = inputs.pop("labels")
         passes = (
-            self.model_accepts_loss_kwargs
+            not custom
             and num_items_in_batch is not None
-            and (labels is not None or "labels" in inputs)
-            and self.compute_loss_func is None
-            and self.label_smoother is None
+            and self.model_accepts_loss_kwargs
+            and "labels" in inputs
         )
-        self._passes_num_items = (
-            passes or self.compute_loss_func is not None or self.label_smoother is not None
-        )
+        self._passes_num_items = passes or custom
         if passes:
             assert num_items_in_batch is not None  # passes checks it
             inputs = {**inputs, "num_items_in_batch": num_items_in_batch.to(self.runtime.device)}
