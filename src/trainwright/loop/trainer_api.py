@@ -1,0 +1,515 @@
+"""`TrainerAPI`: the part of transformers' Trainer surface that forwards to the parts.
+
+Callbacks, upstream's public facts, data loaders and samplers, optimizer and schedule creation,
+precision contexts, metrics files, the Hub and the model card, evaluation and prediction, the
+search, the log rows and the best-metric record. Each method is a thin call into the module that
+does the work (`dataloaders`, `optimization`, `prediction`, `hub`, ...), so a subclass that
+overrides one is still called. `Trainer` (trainer.py) extends it with construction and the loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from trainwright import data as data_utils
+from trainwright.args.accelerator_config import AcceleratorConfig
+from trainwright.args.training_args import TrainingArguments
+from trainwright.core.events import TrainerCallback
+from trainwright.core.state import metric_improves
+from trainwright.loop import batch_size_finder, dataloaders, hub, optimization, prediction
+from trainwright.loop.trainer_setup import TrainerSetup
+from trainwright.observe.flops import FlopsEstimator
+from trainwright.observe.metrics import (
+    EvalLoopOutput,
+    PredictionOutput,
+    speed_metrics,
+)
+from trainwright.observe.metrics import log_metrics as _log_metrics
+from trainwright.observe.metrics import metrics_format as _metrics_format
+from trainwright.observe.metrics import save_metrics as _save_metrics
+from trainwright.optim.optimizers import get_optimizer_cls_and_kwargs as _get_optimizer_cls_and_kwargs
+from trainwright.optim.schedules import get_learning_rates
+
+logger = logging.getLogger(__name__)
+
+_NO_CONTEXT = contextlib.nullcontext()  # reusable: nullcontext keeps no state
+
+
+# a batch rebuilt as its own mapping type (BatchEncoding, UserDict, ...), else a dict
+_same_mapping = prediction.same_mapping
+
+
+class TrainerAPI(TrainerSetup):
+    """Upstream's Trainer methods that are not the loop: each calls into the part that does it."""
+
+    # ------------------------------------------------------------------ callbacks
+    def add_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> None:
+        self.callback_handler.add_callback(callback)
+
+    def pop_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> TrainerCallback | None:
+        return self.callback_handler.pop_callback(callback)
+
+    def remove_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> None:
+        self.callback_handler.remove_callback(callback)
+
+    # ------------------------------------------------------------------ upstream's public facts
+    is_fsdp_xla_enabled = is_fsdp_xla_v1_enabled = is_fsdp_xla_v2_enabled = False  # no TPU/XLA engine
+
+    is_distributed_loading_by_transformers = False
+
+    hp_name: Callable | None = None
+
+    @property
+    def tokenizer(self) -> Any:
+        """Deprecated name of `processing_class` (v4)."""
+        warnings.warn(
+            "Trainer.tokenizer is deprecated: use Trainer.processing_class.", FutureWarning, stacklevel=2
+        )
+        return self.processing_class
+
+    @tokenizer.setter
+    def tokenizer(self, value: Any) -> None:
+        warnings.warn(
+            "Trainer.tokenizer is deprecated: use Trainer.processing_class.", FutureWarning, stacklevel=2
+        )
+        self.processing_class = value
+
+    @property
+    def accelerator(self) -> Any:
+        """Process facts and collectives under accelerate's names (see accelerator_facade.py)."""
+        from trainwright.loop.accelerator_facade import RuntimeAccelerator
+
+        return RuntimeAccelerator(self.runtime)
+
+    @property
+    def gather_function(self) -> Callable:
+        return self.accelerator.gather
+
+    @property
+    def is_deepspeed_enabled(self) -> bool:
+        return bool(self.args.deepspeed)
+
+    @property
+    def is_fsdp_enabled(self) -> bool:
+        return bool(self.args.fsdp)
+
+    @property
+    def deepspeed(self) -> Any:
+        """The DeepSpeed engine while a `deepspeed` run trains, else None."""
+        return self._engine.deepspeed if self._engine is not None else None
+
+    @property
+    def is_model_parallel(self) -> bool:
+        """Whether the model is spread over several devices by a `device_map`."""
+        device_map = getattr(self.model, "hf_device_map", None)
+        return isinstance(device_map, dict) and len(set(device_map.values())) > 1
+
+    @property
+    def place_model_on_device(self) -> bool:
+        return not self.is_model_parallel and not (self.args.fp16_full_eval or self.args.bf16_full_eval)
+
+    @property
+    def current_flos(self) -> float:
+        """FLOPs this process has trained on so far (total_flos is summed over processes)."""
+        return self.cursor.flops_seen
+
+    def get_tp_size(self) -> int:
+        return 1  # no tensor parallelism
+
+    def get_cp_size(self) -> int:
+        return 1  # no context parallelism
+
+    def get_sp_size(self) -> int:
+        return 1  # no sequence parallelism
+
+    def end(self) -> None:
+        """Destroy the process group, once everything that needs the other processes is done."""
+        self.runtime.shutdown()
+
+    # ------------------------------------------------------------------ data
+    def _set_signature_columns_if_needed(self) -> None:
+        """The batch keys the model takes: its forward's named arguments and the label names."""
+        if self._signature_columns is None:
+            keep = data_utils.forward_arg_names(self.model) | set(self.label_names)
+            self._signature_columns = sorted(keep)
+
+    def _remove_unused_columns(self, dataset: Any, description: str | None = None) -> Any:
+        """A `datasets.Dataset` without the columns the model does not take (others unchanged)."""
+        if not self.args.remove_unused_columns or not dataloaders.is_hf_dataset(dataset):
+            return dataset
+        self._set_signature_columns_if_needed()
+        assert self._signature_columns is not None  # set just above
+        return data_utils.remove_unused_columns(dataset, set(self._signature_columns), description)
+
+    def _get_collator_with_removed_columns(self, data_collator: Callable, description: str | None = None):
+        """The collator behind a filter that drops the keys the model does not take."""
+        if not self.args.remove_unused_columns:
+            return data_collator
+        self._set_signature_columns_if_needed()
+        assert self._signature_columns is not None  # set just above
+        return data_utils.RemoveColumnsCollator(
+            data_collator, set(self._signature_columns), description=description
+        )
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
+        """The training sampler: resumable (seen samples are skipped, never loaded), by (seed, epoch)."""
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        bs = self.args.per_device_train_batch_size
+        return data_utils.build_sampler(dataset, self.args, self.runtime, train=True, batch_size=bs)
+
+    def _get_eval_sampler(self, eval_dataset: Any) -> torch.utils.data.Sampler | None:
+        """The evaluation sampler: dataset order, dealt across processes."""
+        bs = self.args.per_device_eval_batch_size
+        return data_utils.build_sampler(eval_dataset, self.args, self.runtime, train=False, batch_size=bs)
+
+    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
+        """Training dataloader: resumable sampler, worker seeds fixed by (seed, epoch)."""
+        return dataloaders.train_dataloader(self)
+
+    def get_eval_dataloader(self, eval_dataset: str | Dataset | None = None) -> torch.utils.data.DataLoader:
+        """Evaluation dataloader (a name selects one of a dict of eval datasets)."""
+        dataset = dataloaders.eval_dataset_of(self, eval_dataset)
+        return dataloaders.inference_dataloader(self, dataset, "evaluation")
+
+    def get_test_dataloader(self, test_dataset: Dataset) -> torch.utils.data.DataLoader:
+        return dataloaders.inference_dataloader(self, test_dataset, "test")
+
+    def _prepare_inputs(self, inputs: Any) -> Any:
+        device = self.runtime.device
+        if device.type == "cpu":
+            return inputs  # batches are made on the CPU
+        non_blocking = (  # accelerator_config: an AcceleratorConfig after TrainingArguments.__post_init__
+            device.type == "cuda" and cast(AcceleratorConfig, self.args.accelerator_config).non_blocking
+        )
+        if isinstance(inputs, Mapping):
+            return _same_mapping(inputs, {k: self._prepare_inputs(v) for k, v in inputs.items()})
+        if isinstance(inputs, (list, tuple)):
+            return type(inputs)(self._prepare_inputs(v) for v in inputs)
+        if isinstance(inputs, torch.Tensor):
+            return inputs.to(device, non_blocking=non_blocking)
+        return inputs
+
+    # ------------------------------------------------------------------ optimizer / schedule
+    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
+        self.create_optimizer()
+        self.create_scheduler(num_training_steps, self.optimizer)
+
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """AdamW (fused where supported) with no weight decay on biases and norm weights."""
+        if self.optimizer is None:
+            self.optimizer = optimization.make_optimizer(
+                model or self.model,
+                self.args,
+                self.optimizer_cls_and_kwargs,
+                self.get_optimizer_cls_and_kwargs,
+            )
+        return self.optimizer
+
+    @staticmethod
+    def get_optimizer_cls_and_kwargs(
+        args: TrainingArguments, model: nn.Module | None = None
+    ) -> tuple[Any, Any]:
+        """The optimizer class for `args.optim` and its kwargs (all but the parameters), as upstream.
+
+        `model` is needed by GaLore, APOLLO and LOMO (and picks the fused AdamW kernel). kwargs may
+        hold `params`, `model` or `optimizer_dict`, which replace the decay param groups.
+        """
+        return _get_optimizer_cls_and_kwargs(args, model)
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        if self.lr_scheduler is None:
+            optimizer = optimizer or self.optimizer
+            if optimizer is None:
+                raise RuntimeError("create_scheduler needs an optimizer: call create_optimizer() first.")
+            self.lr_scheduler = optimization.make_scheduler(self.args, optimizer, num_training_steps)
+            self._created_scheduler = True
+        return self.lr_scheduler
+
+    def get_learning_rates(self) -> list[float]:
+        if self.optimizer is None:
+            raise ValueError("The optimizer has not been created yet.")
+        return get_learning_rates(self.optimizer)
+
+    def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
+        """Names of the parameters that get weight decay (all but biases and norm weights)."""
+        from trainwright.optim.optimizers import get_decay_parameter_names
+
+        return get_decay_parameter_names(model)
+
+    def get_optimizer_group(self, param: Any = None) -> Any:
+        """The optimizer's parameter group holding `param`, or every group's parameters."""
+        return optimization.optimizer_group(self.optimizer, param)
+
+    def get_num_trainable_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+
+    def _amp_dtype(self, evaluating: bool = False) -> torch.dtype | None:
+        if evaluating and (self.args.bf16_full_eval or self.args.fp16_full_eval):
+            return None  # the model itself is cast
+        if self.args.bf16:
+            return torch.bfloat16
+        if self.args.fp16:
+            return torch.float16
+        return None
+
+    def compute_loss_context_manager(self) -> contextlib.AbstractContextManager:
+        """The context of every forward that computes a loss (training and prediction steps)."""
+        return self.autocast_smart_context_manager()
+
+    def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
+        """Autocast to bf16/fp16 when mixed precision is on (not over a model cast for full eval)."""
+        if not (self.args.bf16 or self.args.fp16):
+            return _NO_CONTEXT  # the common case, on every micro-batch: decided without a call
+        dtype = self._amp_dtype(evaluating=not self.model.training)
+        if dtype is None:
+            return _NO_CONTEXT
+        return self.runtime.autocast(dtype, cache_enabled=cache_enabled)
+
+    def _scheduler_is_plateau(self) -> bool:
+        return isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+    def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module:
+        """The model as training runs it: DDP or FSDP2 over several processes, else itself."""
+        return self.runtime.wrap_model(model, self.args) if training else model
+
+    def _log_training_window(
+        self, grad_norm: Any = None, learning_rate: float | None = None, start_time: float | None = None
+    ) -> None:
+        cursor = self.cursor
+        loss_sum, nonfinite = self._read_loss_window()
+        logs: dict[str, float] = {"loss": loss_sum / cursor.steps_since_log}
+        if nonfinite:
+            logs["nonfinite_steps"] = nonfinite
+        if grad_norm is not None:
+            logs["grad_norm"] = grad_norm.item() if isinstance(grad_norm, torch.Tensor) else float(grad_norm)
+        if learning_rate is not None:
+            logs["learning_rate"] = float(learning_rate)
+        cursor.loss_logged_total += loss_sum
+        cursor.steps_since_log = 0
+        self.log(logs, start_time)
+
+    def _fold_loss_window(self) -> None:
+        cursor = self.cursor
+        cursor.loss_logged_total += self._read_loss_window()[0]
+        cursor.steps_since_log = 0
+
+    def _read_loss_window(self) -> tuple[float, int]:
+        """The unlogged steps' summed loss and how many were not finite (warned about, by step)."""
+        cursor = self.cursor
+        loss_sum, nonfinite = self._losses.step_sum(
+            cursor.steps_since_log, self.runtime, self.args.logging_nan_inf_filter
+        )
+        if nonfinite:
+            first = self.state.global_step - cursor.steps_since_log + 1
+            logger.warning(
+                "Non-finite training loss in %d of the steps %d-%d%s.",
+                nonfinite,
+                first,
+                self.state.global_step,
+                " (every one: the logged loss is NaN)"
+                if not math.isfinite(loss_sum)
+                else " (left out of the logged mean: logging_nan_inf_filter)",
+            )
+        return loss_sum, nonfinite
+
+    def _wants_flops(self) -> bool:
+        return any(getattr(cb, "needs_flops", False) for cb in self.callback_handler.callbacks)
+
+    def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+        """FLOPs of one forward+backward on `inputs` (see flops.py for the sources, cached per shape)."""
+        if self._flops is None or self._flops.model is not self.model:
+            self._flops = FlopsEstimator(self.model)
+        return int(self._flops(inputs))
+
+    def store_flos(self) -> None:
+        self.state.total_flos = self.cursor.flops_seen * self.runtime.world_size
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Record a row in log_history and send it to every callback's `on_log`."""
+        if self.state.epoch is not None:
+            logs["epoch"] = self.state.epoch
+        if self.args.include_num_input_tokens_seen != "no":
+            logs["num_input_tokens_seen"] = self.state.num_input_tokens_seen
+            if start_time is not None:  # v5: this train() call's tokens over its time so far
+                tokens = self.state.num_input_tokens_seen - self._input_tokens_seen_at_start
+                logs.update(speed_metrics("train", start_time, num_tokens=tokens))
+        self.control = self.callback_handler.on_pre_log(self.args, self.state, self.control, logs=logs)
+        self.state.log_history.append({**logs, "step": self.state.global_step})
+        self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs=logs)
+
+    def _evaluate(
+        self, trial: Any, ignore_keys_for_eval: Any, skip_scheduler: bool = False
+    ) -> dict[str, float]:
+        """Evaluate, report to the HP search, step a ReduceLROnPlateau scheduler; the metrics."""
+        oom_guard = (
+            batch_size_finder.evaluation_oom_is_an_error() if self.args.auto_find_batch_size else _NO_CONTEXT
+        )
+        with oom_guard:
+            metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
+        if trial is not None and self.hp_search_backend is not None:
+            from trainwright.loop.hpo import report_to_hp_search
+
+            report_to_hp_search(self, trial, metrics)
+        if self._scheduler_is_plateau() and not skip_scheduler:
+            self.lr_scheduler.step(metrics[self._metric_key()])
+        return metrics
+
+    def _hp_trial_record(self, trial: Any) -> tuple[str, dict[str, Any]]:
+        """The trial's run name and parameters for `TrainerState` (the search layer knows both)."""
+        from trainwright.loop.hpo import trial_params, trial_run_name
+
+        return trial_run_name(self, trial), trial_params(trial)
+
+    def _metric_key(self) -> str:
+        name = self.args.metric_for_best_model or "loss"
+        return name if name.startswith("eval_") else f"eval_{name}"
+
+    def _determine_best_metric(self, metrics: dict[str, float], trial: Any = None) -> bool:
+        """Record `metrics` in best_metric / best_global_step when they beat it; True when new best."""
+        if self.args.metric_for_best_model is None:
+            return False
+        key = self._metric_key()
+        if key not in metrics:
+            raise KeyError(
+                f"metric_for_best_model={self.args.metric_for_best_model!r} gives the key {key!r}, which "
+                f"the evaluation did not return. It returned: {sorted(metrics)}."
+            )
+        value = metrics[key]
+        if metric_improves(value, self.state.best_metric, bool(self.args.greater_is_better)):
+            self.state.best_metric = value
+            if self.args.save_strategy != "no":
+                self.state.best_global_step = self.state.global_step
+            return True
+        return False
+
+    def save_state(self) -> None:
+        """Write trainer_state.json to output_dir (main process only)."""
+        if self.is_world_process_zero():
+            assert self.args.output_dir is not None  # TrainingArguments.__post_init__ fills it in
+            self.state.save_to_json(os.path.join(self.args.output_dir, "trainer_state.json"))
+
+    def log_metrics(self, split: str, metrics: dict[str, float]) -> None:
+        """Print metrics in upstream's table format (main process only)."""
+        _log_metrics(split, metrics, is_world_process_zero=self.is_world_process_zero())
+
+    def save_metrics(self, split: str, metrics: dict[str, float], combined: bool = True) -> None:
+        """Write `<split>_results.json`, merged into `all_results.json` when combined."""
+        assert self.args.output_dir is not None  # TrainingArguments.__post_init__ fills it in
+        _save_metrics(
+            self.args.output_dir, split, metrics, combined, is_world_process_zero=self.is_world_process_zero()
+        )
+
+    def metrics_format(self, metrics: dict[str, float]) -> dict[str, Any]:
+        return _metrics_format(metrics)
+
+    # ------------------------------------------------------------------ Hub and model card
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        """Create the Hub repository `args.hub_model_id` (default: output_dir's name) if it does not
+        exist and keep its id in `self.hub_model_id` (main process only)."""
+        hub.init_repo(self, token=token, private=private)
+
+    def create_model_card(
+        self,
+        language: str | None = None,
+        license: str | None = None,
+        tags: str | list[str] | None = None,
+        model_name: str | None = None,
+        finetuned_from: str | None = None,
+        tasks: str | list[str] | None = None,
+        dataset_tags: str | list[str] | None = None,
+        dataset: str | list[str] | None = None,
+        dataset_args: str | list[str] | None = None,
+    ) -> None:
+        """Write `output_dir/README.md`: metadata, hyperparameters and the results of
+        `state.log_history` (main process only; see `model_card.py`)."""
+        from trainwright.loop.model_card import write_model_card
+
+        write_model_card(
+            self,
+            language=language,
+            license=license,
+            tags=tags,
+            model_name=model_name,
+            finetuned_from=finetuned_from,
+            tasks=tasks,
+            dataset_tags=dataset_tags,
+            dataset=dataset,
+            dataset_args=dataset_args,
+        )
+
+    def push_to_hub(
+        self,
+        commit_message: str | None = "End of training",
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        private: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Save the model, write its card (`kwargs` go to `create_model_card`) and upload output_dir
+        to `hub_model_id`. Returns the commit info, or a Future of it when not `blocking`."""
+        return hub.push_to_hub(self, commit_message, blocking, token, revision, private, **kwargs)
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """Push a checkpoint just saved in the background, as `hub_strategy` says."""
+        hub.push_from_checkpoint(self, checkpoint_folder)
+
+    def _finish_current_push(self) -> None:
+        """Wait for the background push of the last checkpoint."""
+        hub.finish_current_push(self)
+
+    # ------------------------------------------------------------------ evaluate / predict
+    def evaluate(
+        self,
+        eval_dataset: Dataset | dict[str, Dataset] | str | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> dict[str, float]:
+        """Evaluate; with a dict of datasets, each one's metrics are prefixed `eval_<name>_`."""
+        return prediction.evaluate(self, eval_dataset, ignore_keys, metric_key_prefix)
+
+    def predict(
+        self, test_dataset: Dataset, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
+    ) -> PredictionOutput:
+        """Predictions (padded with -100 across batches), labels and metrics for a dataset."""
+        return prediction.predict(self, test_dataset, ignore_keys, metric_key_prefix)
+
+    def evaluation_loop(
+        self,
+        dataloader: torch.utils.data.DataLoader,
+        description: str,
+        prediction_loss_only: bool | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> EvalLoopOutput:
+        """Run `prediction_step` over a dataloader, streaming results to the CPU."""
+        return prediction.evaluation_loop(
+            self, dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+        )
+
+    def prediction_step(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+    ) -> tuple[torch.Tensor | None, Any, Any]:
+        """(loss, logits, labels) for one batch, without gradients."""
+        return prediction.prediction_step(self, model, inputs, prediction_loss_only, ignore_keys)
+
+    # ------------------------------------------------------------------ hyperparameter search
+    def hyperparameter_search(self, *args: Any, **kwargs: Any):
+        """Search hyperparameters with optuna or Ray Tune (see `trainwright.loop.hpo`, `hpo_ray`)."""
+        from trainwright.loop.hpo import run_hyperparameter_search
+
+        return run_hyperparameter_search(self, *args, **kwargs)

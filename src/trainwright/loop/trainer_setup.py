@@ -1,0 +1,431 @@
+"""`TrainerSetup`: building a Trainer and sizing a run, before the loop.
+
+Construction (`__init__`: arguments, runtime, seed, model, data, callbacks, state), the model facts
+the loop relies on (label names, loss kwargs, label smoothing), `set_initial_training_values`, the
+hooks patched onto the model for a train() call, and the once-per-run measurement of whether the
+model's loss honours `num_items_in_batch`. `TrainerAPI` (trainer_api.py) and `Trainer`
+(trainer.py) build on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import math
+import warnings
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, IterableDataset
+
+from trainwright import data as data_utils
+from trainwright.args.training_args import TrainingArguments
+from trainwright.callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCallback
+from trainwright.checkpoint.output_lock import create_output_dir
+from trainwright.core.enums import DebugOption
+from trainwright.core.events import CallbackHandler, TrainerCallback
+from trainwright.core.seed import enable_full_determinism, set_seed
+from trainwright.core.state import LoopCursor, TrainerControl, TrainerState
+from trainwright.distributed import device_cache
+from trainwright.distributed.engine import Engine
+from trainwright.distributed.preemption import PreemptionGuard
+from trainwright.distributed.runtime import Runtime, get_runtime
+from trainwright.loop import dataloaders, hub
+from trainwright.modeling import debug_underflow, liger, neftune
+from trainwright.modeling.loss import (
+    LabelSmoother,
+    LossWindow,
+    items_in_batch,
+    label_shift_for,
+    loss_honours_num_items,
+)
+from trainwright.modeling.loss import model_accepts_loss_kwargs as _detect_loss_kwargs
+from trainwright.modeling.past_state import PastState
+from trainwright.observe.flops import FlopsEstimator
+from trainwright.observe.memory import TrainerMemoryTracker
+from trainwright.reporters import get_reporting_integration_callbacks
+
+if TYPE_CHECKING:
+    from trainwright.loop.hpo import _Search
+
+logger = logging.getLogger(__name__)
+
+
+class TrainerSetup:
+    """Construction and run sizing of the Trainer (upstream's signatures)."""
+
+    # Set by Trainer.__init__ and train(); declared here, where the methods of all three classes read them.
+    args: TrainingArguments
+    runtime: Runtime
+    model: nn.Module
+    model_wrapped: nn.Module
+    model_init: Callable[..., nn.Module] | None
+    processing_class: Any
+    data_collator: Callable
+    train_dataset: Any
+    eval_dataset: Any
+    compute_loss_func: Callable | None
+    compute_metrics: Callable[..., dict] | None
+    preprocess_logits_for_metrics: Callable | None
+    optimizer: torch.optim.Optimizer | None
+    lr_scheduler: Any
+    optimizer_cls_and_kwargs: tuple[type, dict] | None
+    callback_handler: CallbackHandler
+    state: TrainerState
+    control: TrainerControl
+    cursor: LoopCursor
+    scaler: torch.amp.GradScaler | None
+    label_names: list[str]
+    label_smoother: LabelSmoother | None
+    can_return_loss: bool
+    is_in_train: bool
+    hp_search_backend: str | None
+    hub_model_id: str | None
+    push_in_progress: hub.PushInProgress | None
+    neftune_noise_alpha: float | None
+    _memory_tracker: TrainerMemoryTracker
+    _flops: FlopsEstimator | None
+    _losses: LossWindow
+    _trial: Any
+    _label_shift: bool
+    _grad_norm: torch.Tensor | float | None
+    _last_lr: float | None
+    _created_scheduler = False
+    # Methods of TrainerAPI / Trainer these call back into (overridable there).
+    init_hf_repo: Callable[..., None]
+    compute_loss_context_manager: Callable[[], contextlib.AbstractContextManager]
+    _prepare_inputs: Callable[[Any], Any]
+    train: Callable[..., Any]
+    compute_loss: Callable[..., Any]
+    save_model: Callable[..., None]
+    _preempted: Callable[[], bool]
+    _scheduler_is_plateau: Callable[[], bool]
+    _passes_num_items = False
+    _accepts_loss_kwargs = False
+    _probe_loss_kwargs = False
+    _epoch_geometry: tuple[int, int] | None = None
+    _signature_columns: list[str] | None = None
+    _hp_search: _Search | None  # hpo's search while one runs (hyperparameter_search sets it)
+    _start_time: float | None = None
+    _preemption: PreemptionGuard | None = None
+    _eval_stops_on_preemption = False  # True while the loop's own evaluation runs (stops on preemption)
+    _iterable_restored = False
+    _engine: Engine | None = None  # the backend's engine of the current train() call
+    _train_batch_size: int | None = None  # auto_find_batch_size: the per-device size that fitted
+    _neftune_hook: Any = None  # NEFTune's forward hook while train() runs
+    _overflow_detector: Any = None  # debug="underflow_overflow": a debug_underflow.DebugUnderflowOverflow
+    _empty_cache: device_cache.EmptyCacheEvery | None = None  # torch_empty_cache_steps
+    _past_state: PastState | None = None  # past_index >= 0: the memory fed back as `mems`
+    _tokens_at_start = 0  # cursor.tokens_seen when this train() call began (include_tokens_per_second)
+    _input_tokens_seen_at_start = 0  # state.num_input_tokens_seen then (per-row train_tokens_per_second)
+
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        args: TrainingArguments | None = None,
+        data_collator: Callable | None = None,
+        train_dataset: Dataset | IterableDataset | None = None,
+        eval_dataset: Dataset | dict[str, Dataset] | None = None,
+        processing_class: Any = None,
+        model_init: Callable[..., nn.Module] | None = None,
+        compute_loss_func: Callable | None = None,
+        compute_metrics: Callable[..., dict] | None = None,  # (EvalPrediction[, compute_result=])
+        callbacks: list[TrainerCallback | type[TrainerCallback]] | None = None,
+        optimizers: tuple[torch.optim.Optimizer | None, Any] = (None, None),
+        optimizer_cls_and_kwargs: tuple[type, dict] | None = None,
+        preprocess_logits_for_metrics: Callable | None = None,
+        tokenizer: Any = None,
+    ):
+        if args is None:
+            args = TrainingArguments(output_dir="tmp_trainer")
+        self.args = args
+        if tokenizer is not None:
+            warnings.warn("`tokenizer` is deprecated: pass `processing_class`.", FutureWarning, stacklevel=2)
+            processing_class = processing_class if processing_class is not None else tokenizer
+        self.runtime = get_runtime(use_cpu=args.use_cpu, backend=args.ddp_backend, timeout_s=args.ddp_timeout)
+        if (args.log_level if args.should_log else args.log_level_replica) != "passive":
+            level = args.get_process_log_level()  # replicas: warning
+            logging.getLogger("trainwright").setLevel(level)
+            if importlib.util.find_spec("transformers") is not None:  # as upstream's Trainer does
+                import transformers.utils.logging as hf_logging
+
+                hf_logging.set_verbosity(level)
+        if DebugOption.TPU_METRICS_DEBUG in args.debug:
+            raise ValueError(
+                'debug="tpu_metrics_debug" (tpu_metrics_debug=True) prints the TPU metrics report of torch_xla, '
+                "and trainwright does not run on TPUs: remove it from `debug`."
+            )
+        if args.full_determinism:
+            enable_full_determinism(args.seed)
+        else:
+            set_seed(args.seed)
+        self.runtime.set_tf32(args.tf32)
+        self._memory_tracker = TrainerMemoryTracker(args.skip_memory_metrics, self.runtime.device)
+        self._memory_tracker.start("init")
+
+        if model is not None and model_init is not None:
+            raise ValueError("Trainer takes `model` or `model_init`, not both.")
+        if model is None and model_init is None:
+            raise RuntimeError("Trainer needs a `model` or a `model_init`.")
+        if model_init is not None and optimizers != (None, None):
+            raise ValueError("`optimizers` cannot be used with `model_init`: each trial builds its own.")
+        if args.fsdp and optimizers[0] is not None:
+            raise ValueError(
+                "`optimizers` cannot be used with `fsdp`: sharding replaces the model's parameters, so the "
+                "optimizer must be built afterwards. Pass `optimizer_cls_and_kwargs` instead."
+            )
+        if optimizers != (None, None) and optimizer_cls_and_kwargs is not None:
+            raise ValueError("Pass `optimizers` or `optimizer_cls_and_kwargs`, not both.")
+        self.model_init = model_init
+        if model is None:
+            model = self.call_model_init()
+        self.model = self._place(model)
+        self.model_wrapped = self.model
+        self.processing_class = processing_class
+        self.compute_loss_func = compute_loss_func
+        self.compute_metrics = compute_metrics
+        self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
+        self.optimizer, self.lr_scheduler = optimizers
+        self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
+        self.train_dataset = train_dataset
+        self.eval_dataset = eval_dataset
+        if data_collator is None:
+            data_collator = (
+                data_utils.PaddingCollator(processing_class)
+                if hasattr(processing_class, "pad")
+                else data_utils.default_data_collator
+            )
+        self.data_collator = data_collator
+        self._configure_model_facts()
+        self._validate_data()
+
+        default = DEFAULT_CALLBACKS + get_reporting_integration_callbacks(args.report_to)
+        callbacks = default + list(callbacks or [])
+        callbacks.append(PrinterCallback if args.disable_tqdm else ProgressCallback)
+        self.callback_handler = CallbackHandler(
+            callbacks, self.model, self.processing_class, self.optimizer, self.lr_scheduler
+        )
+        self.hub_model_id = None  # the Hub repository, once init_hf_repo() has made it
+        self.push_in_progress = None  # the last checkpoint push's uploads
+        if args.push_to_hub:
+            self.init_hf_repo()
+        if args.should_save:
+            create_output_dir(args.output_dir)  # as upstream; an empty path, a file, no permission: named
+        self.state = TrainerState(
+            is_local_process_zero=self.is_local_process_zero(),
+            is_world_process_zero=self.is_world_process_zero(),
+        )
+        self.control = TrainerControl()
+        self.cursor = LoopCursor()
+        self.scaler = None
+        self.is_in_train = False
+        self.hp_search_backend = None
+        self.neftune_noise_alpha = args.neftune_noise_alpha
+        self._flops = None
+        self._trial = None
+        self.control = self.callback_handler.on_init_end(args, self.state, self.control)
+        self._memory_tracker.stop_and_update_metrics("init")
+
+    # ------------------------------------------------------------------ set-up helpers
+    def _place(self, model: nn.Module) -> nn.Module:
+        device_map = getattr(model, "hf_device_map", None)
+        if isinstance(device_map, dict) and len(set(device_map.values())) > 1:
+            return model  # model parallel: the user placed it
+        if self.args.fp16_full_eval or self.args.bf16_full_eval:
+            return model  # cast and placed when evaluating
+        return model.to(self.runtime.device)
+
+    def _configure_model_facts(self) -> None:
+        model = self.model
+        detected = _detect_loss_kwargs(model)
+        self._accepts_loss_kwargs = detected is not False  # upstream's reading of **kwargs until measured
+        self._probe_loss_kwargs = detected is None
+        self.label_names = (
+            list(self.args.label_names) if self.args.label_names is not None else self._find_labels(model)
+        )
+        self.can_return_loss = "return_loss" in _forward_params(model)
+        self._label_shift = label_shift_for(model)
+        eps = self.args.label_smoothing_factor
+        self.label_smoother = LabelSmoother(epsilon=eps) if eps != 0 else None
+        if (
+            eps != 0
+            and getattr(getattr(model, "config", None), "problem_type", None) == "multi_label_classification"
+        ):
+            warnings.warn(  # as upstream: smoothing one-hot targets makes no sense for independent labels
+                "label_smoothing_factor is not used with multi-label classification (problem_type="
+                "'multi_label_classification'): training without label smoothing.",
+                UserWarning,
+                stacklevel=3,
+            )
+            self.label_smoother = None
+        if getattr(model, "config", None) is not None and hasattr(model.config, "use_cache"):
+            model.config.use_cache = self.args.use_cache
+
+    @staticmethod
+    def _find_labels(model: nn.Module) -> list[str]:
+        name = type(model).__name__
+        params = _forward_params(model)
+        if "QuestionAnswering" in name:
+            return [p for p in params if "label" in p or p in ("start_positions", "end_positions")]
+        return [p for p in params if "label" in p]
+
+    def _validate_data(self) -> None:
+        args = self.args
+        if self.train_dataset is not None and not data_utils.has_length(self.train_dataset):
+            if args.max_steps <= 0:
+                raise ValueError(
+                    "train_dataset has no length (an IterableDataset): set `max_steps` to say how long to train."
+                )
+
+    def call_model_init(self, trial: Any = None) -> nn.Module:
+        """Build a fresh model with `model_init` (which may take the HP-search trial)."""
+        if self.model_init is None:
+            raise RuntimeError("call_model_init needs a `model_init`: pass Trainer(model_init=...).")
+        n_args = len([p for p in _signature_params(self.model_init) if p.default is p.empty])
+        model = self.model_init() if n_args == 0 else self.model_init(trial)
+        if model is None:
+            raise RuntimeError("model_init returned None: it must return a torch.nn.Module.")
+        return model
+
+    def _start_train_hooks(self) -> None:
+        """Patches and hooks the arguments ask for on the model being trained: Liger kernels, the
+        inf/nan detector (kept afterwards, as upstream's) and NEFTune (removed when train() ends)."""
+        args = self.args
+        if args.use_liger_kernel:
+            liger.apply(self.model, args.liger_kernel_config, self.runtime.device)
+        if DebugOption.UNDERFLOW_OVERFLOW in args.debug:
+            self._overflow_detector = debug_underflow.watch(self.model, self._overflow_detector)
+        if args.neftune_noise_alpha is not None:
+            self._neftune_hook = neftune.activate(self.model, args.neftune_noise_alpha)
+
+    def set_initial_training_values(
+        self, args: TrainingArguments, dataloader: Any
+    ) -> tuple[int, int, int, int, int, int, int]:
+        """(num_train_epochs, update steps per epoch, examples, train samples, total batch size,
+        micro-batches per epoch, max_steps), as upstream computes them."""
+        total_batch = self.get_total_train_batch_size(args)
+        ga = args.gradient_accumulation_steps
+        if data_utils.has_length(dataloader):
+            batches = len(dataloader)
+            if batches == 0:
+                raise ValueError(self._empty_training_message(dataloader))
+            updates_per_epoch = max(math.ceil(batches / ga), 1)
+            examples = self.num_examples(dataloader)
+            if args.max_steps > 0:
+                max_steps = args.max_steps
+                epochs = math.ceil(max_steps / updates_per_epoch)
+                samples = max_steps * total_batch
+            else:
+                max_steps = math.ceil(args.num_train_epochs * updates_per_epoch)
+                epochs = math.ceil(args.num_train_epochs)
+                samples = math.ceil(examples * args.num_train_epochs)
+            return epochs, updates_per_epoch, examples, samples, total_batch, batches, max_steps
+        if args.max_steps <= 0:
+            raise ValueError(
+                "max_steps must be set to a positive value when the training dataloader has no length "
+                f"(got {args.max_steps})."
+            )
+        samples = args.max_steps * total_batch
+        # steps_in_epoch 0: the epoch has no known end, it runs until max_steps
+        return 2**62, args.max_steps, samples, samples, total_batch, 0, args.max_steps
+
+    def _empty_training_message(self, dataloader: Any) -> str:
+        dataset: Any = getattr(dataloader, "dataset", None)
+        size = len(dataset) if data_utils.has_length(dataset) else "?"
+        args = self.args
+        return (
+            f"The training data gives no batch: train_dataset ({type(dataset).__name__}) has {size} samples, "
+            f"per_device_train_batch_size={args.per_device_train_batch_size}, processes={self.runtime.world_size}, "
+            f"dataloader_drop_last={args.dataloader_drop_last}. Give it more samples, a smaller batch, or "
+            "dataloader_drop_last=False."
+        )
+
+    def _measure_loss_kwargs(self, micro_batches: list, num_items: torch.Tensor) -> None:
+        """Settle, once per run, whether a `**kwargs` forward really divides by `num_items_in_batch`
+        (measured on a micro-batch with label targets: one without any says nothing)."""
+        if self.compute_loss_func is not None or self.label_smoother is not None:
+            self._probe_loss_kwargs = False
+            return  # the model is not given num_items_in_batch then
+        inputs = next((b for b in micro_batches if _has_targets(b, self._label_shift)), None)
+        if inputs is None:
+            if not any(
+                isinstance(b, Mapping) and isinstance(b.get("labels"), torch.Tensor) for b in micro_batches
+            ):
+                self._probe_loss_kwargs = False  # no labels at all: nothing to measure, ever
+            return  # this step's labels are all ignored: measure on a later step
+        self._probe_loss_kwargs = False
+        with self.compute_loss_context_manager():
+            honoured = loss_honours_num_items(
+                self.model, self._prepare_inputs(inputs), num_items.to(self.runtime.device)
+            )
+        if self.runtime.distributed:  # every process must take the same path
+            honoured = not self.runtime.any_process(not honoured)
+        self._accepts_loss_kwargs = honoured
+        logger.info(
+            "%s %s num_items_in_batch: %s.",
+            type(self.model).__name__,
+            "divides its loss by" if honoured else "ignores",
+            "passing it" if honoured else "its mean loss is weighted by each micro-batch's share",
+        )
+
+    @property
+    def model_accepts_loss_kwargs(self) -> bool:
+        """Whether the model's loss uses `num_items_in_batch` (upstream's attribute; may be set)."""
+        return self._accepts_loss_kwargs
+
+    @model_accepts_loss_kwargs.setter
+    def model_accepts_loss_kwargs(self, value: bool) -> None:
+        self._accepts_loss_kwargs = bool(value)
+        self._probe_loss_kwargs = False  # the user's word wins over a measurement
+
+    def is_local_process_zero(self) -> bool:
+        return self.runtime.is_local_main_process
+
+    def is_world_process_zero(self) -> bool:
+        return self.runtime.is_main_process
+
+    def num_examples(self, dataloader: torch.utils.data.DataLoader) -> int:
+        """Samples in the dataloader's dataset; else batches x batch size (the loader's, else the
+        argument's), for a loader without `.dataset` or `.batch_size`."""
+        return dataloaders.num_examples(dataloader, self.args.per_device_train_batch_size)
+
+    def get_total_train_batch_size(self, args: TrainingArguments) -> int:
+        """Samples per optimizer step over every process: batch x accumulation x processes."""
+        return args.per_device_train_batch_size * args.gradient_accumulation_steps * self.runtime.world_size
+
+
+def _signature_params(fn: Callable) -> list:
+    import inspect
+
+    return list(inspect.signature(fn).parameters.values())
+
+
+def _forward_params(model: nn.Module) -> list[str]:
+    import inspect
+
+    return list(inspect.signature(model.forward).parameters)
+
+
+def _has_targets(batch: Any, label_shift: bool) -> bool:
+    """Whether a batch has labels with at least one target (a CPU count, no device sync)."""
+    if not isinstance(batch, Mapping) or not isinstance(batch.get("labels"), torch.Tensor):
+        return False
+    return bool(items_in_batch(batch, label_shift))
+
+
+def enable_activation_checkpointing(model: nn.Module, kwargs: dict | None) -> None:
+    """transformers >= 5.x names it `activation_checkpointing_enable` (the old name warns)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        # transformers v4's name
+        cast(Any, model).gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise ValueError(
+            f"gradient_checkpointing=True: {type(model).__name__} has no gradient_checkpointing_enable(); "
+            "checkpoint its blocks with torch.utils.checkpoint yourself or set gradient_checkpointing=False."
+        )
