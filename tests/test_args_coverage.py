@@ -28,6 +28,7 @@ _HUB = "tests/test_hub.py"
 _OLD_NAMES = f"{_ARGS}::test_old_names_map_onto_new_fields_with_a_warning"
 
 BEHAVIOUR_TESTS: dict[str, str] = {
+    "ray_scope": "tests/test_hpo_ray.py::test_ray_scope_picks_the_best_trial_by_that_scope",
     # output and phases
     "output_dir": f"{_FIELDS}::test_resume_from_checkpoint_argument_is_what_train_resumes_from",
     "overwrite_output_dir": f"{_FIELDS}::test_script_only_fields_read_back_and_do_not_change_training",
@@ -196,7 +197,6 @@ REFUSED: dict[str, object] = {
     "trackio_space_id": "user/space",
     "trackio_bucket_id": "user/bucket",
     "trackio_static_space_id": "user/static-space",
-    "ray_scope": "all",
     "sortish_sampler": True,
     "half_precision_backend": "apex",
     "save_safetensors": False,

@@ -368,3 +368,29 @@ def test_pbt_clones_a_reported_checkpoint_and_the_trial_resumes_from_it(local_ra
     trial = next(t for t in best.run_summary.trials if t.trial_id == bad)
     assert trial.config["learning_rate"] == 0.5
     assert trial.last_result["objective"] < 5.0  # the cloned model, not the untrained one (~14)
+
+
+def test_ray_scope_picks_the_best_trial_by_that_scope(local_ray, make_trainer, monkeypatch):
+    with pytest.raises(ValueError, match="ray_scope"):
+        make_trainer(ray_scope="best-ever")  # not one of Ray Tune's scopes: refused, naming the field
+    monkeypatch.delenv("RAY_SCOPE", raising=False)
+    scopes = []
+    real = tune.ExperimentAnalysis.get_best_trial
+
+    def spy(self, *args, **kwargs):
+        scopes.append(kwargs.get("scope"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(tune.ExperimentAnalysis, "get_best_trial", spy)
+    trainer, _ = make_trainer(ray_scope="avg")
+    best = trainer.hyperparameter_search(
+        backend="ray",
+        hp_space=lambda _: {"learning_rate": tune.grid_search([0.3, 0.01])},
+        compute_objective=lambda metrics: -metrics["eval_loss"],
+        n_trials=1,
+        direction="maximize",
+        verbose=0,
+    )
+    assert scopes == ["avg"]
+    expected = real(best.run_summary, metric="objective", mode="max", scope="avg")
+    assert best.run_id == expected.trial_id

@@ -296,7 +296,7 @@ class TrainingArguments:
     fsdp_transformer_layer_cls_to_wrap: str | None = _arg(
         None, 'Old: fsdp_config["transformer_layer_cls_to_wrap"].'
     )
-    ray_scope: str | None = _arg("last", "Ray Tune scope (refused: hyperparameter search uses optuna).")
+    ray_scope: str | None = _arg("last", "Ray Tune's scope for the best trial: last, all, avg, last-<n>-avg.")
     sharded_ddp: list[str] | str | None = _arg(
         "", "FairScale sharded DDP (transformers < 4.35): refused, use fsdp."
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import re
 import signal
 from collections.abc import Mapping
 from enum import Enum
@@ -454,12 +455,9 @@ def _check_distributed(args: Any) -> None:
                 name,
                 "only the trackio reporter reads it upstream, and trainwright has no trackio reporter",
             )
-    if args.ray_scope not in ("last", None):
-        raise invalid(
-            args,
-            "ray_scope",
-            "only hyperparameter_search's Ray Tune backend reads it, and trainwright provides optuna only",
-        )
+    # Ray Tune's scopes for picking the best trial (hyperparameter_search(backend="ray"))
+    if args.ray_scope is not None and not re.fullmatch(r"all|last|avg|last-\d+-avg", args.ray_scope):
+        raise invalid(args, "ray_scope", 'one of Ray Tune\'s scopes: "last", "all", "avg", "last-<n>-avg"')
 
 
 # -- reporting, output and signals -----------------------------------------------------------

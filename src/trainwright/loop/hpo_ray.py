@@ -80,7 +80,7 @@ def run_ray_search(
     `<output_dir>/ray_results`), `checkpoint_config` (default: keep `save_total_limit`
     checkpoints), ...; `metric="objective"` and `mode` follow `direction` unless a scheduler or
     search algorithm names its own. `address` (or `RAY_ADDRESS`) runs on an existing cluster.
-    The best trial is chosen by its last result (`RAY_SCOPE`, else `args.ray_scope`).
+    The best trial is picked by `args.ray_scope` ("last" by default; then `RAY_SCOPE` decides).
     """
     tune = _import_tune()
     if len(directions) != 1:
@@ -152,7 +152,8 @@ def run_ray_search(
             f"hyperparameter_search: {len(failed)} of {len(analysis.trials)} Ray Tune trials failed: "
             + "; ".join(f"{t.trial_id}: {_trial_error(t)}" for t in failed)
         )
-    scope = os.environ.get("RAY_SCOPE") or getattr(args, "ray_scope", None) or "last"
+    # the argument when set (v4), else RAY_SCOPE (v5 reads only that), else Ray's "last"
+    scope = args.ray_scope if args.ray_scope not in (None, "last") else os.environ.get("RAY_SCOPE") or "last"
     reported = any("objective" in (t.last_result or {}) for t in analysis.trials)
     best = analysis.get_best_trial(metric="objective", mode=mode, scope=scope) if reported else None
     if best is None:
