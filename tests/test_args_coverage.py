@@ -113,6 +113,7 @@ BEHAVIOUR_TESTS: dict[str, str] = {
     "save_on_each_node": f"{_DIST}::test_two_nodes_over_loopback_train_like_one_node",
     "save_only_model": "tests/test_resume_rules.py::test_a_checkpoint_without_optimizer_is_refused_unless_opted_in",
     "save_max_shard_size": f"{_HUB}::test_sharded_checkpoint_pushes_its_index_and_every_shard",
+    "async_save": "tests/test_checkpoint_async.py::test_on_save_fires_once_per_checkpoint_when_it_is_durable",
     "preemption_signals": f"{_FIELDS}::test_without_enable_jit_checkpoint_sigterm_is_not_handled",
     "enable_jit_checkpoint": f"{_FIELDS}::test_enable_jit_checkpoint_saves_on_sigterm_and_stops",
     "restore_callback_states_from_checkpoint": f"{_FIELDS}::"

@@ -207,6 +207,12 @@ class TrainingArguments:
     save_on_each_node: bool = _arg(False, "Write checkpoints on every node (no shared filesystem).")
     save_only_model: bool = _arg(False, "Save only the model (no optimizer/scheduler/RNG: no resume).")
     save_max_shard_size: str = _arg("5GB", "Largest safetensors shard, e.g. '5GB', '500MiB'.")
+    async_save: bool = _arg(
+        False,
+        "trainwright: write checkpoints in the background. At a save step the checkpoint's tensors are "
+        "copied into reused host memory (one checkpoint's worth) and training goes on while a thread "
+        "writes the same files; on_save fires once the checkpoint is durable.",
+    )
     preemption_signals: list[str] = _arg(
         None,
         "Signals on which training saves a checkpoint and stops (default: SIGTERM, SIGUSR1 and SIGINT, "

@@ -78,6 +78,11 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
             return model
 
 
+def model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict `save_model_weights(model, ...)` writes when given none (of the unwrapped model)."""
+    return _unwrap(model).state_dict()
+
+
 def _is_pretrained_model(model: torch.nn.Module) -> TypeGuard[PreTrainedModel]:
     # An instance of a transformers class implies transformers is imported; never import it ourselves.
     transformers = sys.modules.get("transformers")
@@ -141,6 +146,25 @@ def _remove_stale_weights(directory: str, keep: set[str]) -> None:
             os.unlink(os.path.join(directory, entry))
 
 
+def _sort_metadata(path: str) -> None:
+    """Rewrite a safetensors header with its `__metadata__` keys sorted, in place and at the same length.
+
+    safetensors writes the metadata from a hash map, in an order that changes from call to call, so the
+    same tensors would give different bytes (and checksums) each save."""
+    with open(path, "r+b") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+        meta = header.get("__metadata__")
+        if not isinstance(meta, dict) or len(meta) < 2:
+            return
+        header["__metadata__"] = dict(sorted(meta.items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) > size:  # never: the same content; a header that can't be rewritten stays as it is
+            return
+        f.seek(8)
+        f.write(text.ljust(size, b" "))
+
+
 def _save_state_dict(state_dict: Mapping[str, Any], directory: str, max_bytes: int) -> list[str]:
     tensors, aliases = _split_shared(state_dict)
     shards = _plan_shards(tensors, max_bytes)
@@ -156,6 +180,7 @@ def _save_state_dict(state_dict: Mapping[str, Any], directory: str, max_bytes: i
         path = os.path.join(directory, filename)
         with writing_file(path):
             save_file({k: tensors[k] for k in keys}, path, metadata=metadata)
+            _sort_metadata(path)
         make_durable(path)
     written = list(names)
     if len(shards) > 1:

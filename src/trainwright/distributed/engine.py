@@ -176,6 +176,14 @@ class ShardedState:
     def save(self, folder: str) -> None:
         fsdp.save_sharded(self.model, self.optimizer, folder)
 
+    def stage(self) -> dict[str, Any]:
+        """For a background write (`async_writer.StagedPart`): the sharded state, taken now."""
+        return fsdp.sharded_state(self.model, self.optimizer)
+
+    def save_staged(self, folder: str, staged: dict[str, Any], group: Any = None) -> None:
+        """`save` from the staged state, on the writer thread, DCP's collectives on `group`."""
+        fsdp.write_sharded(staged, folder, group)
+
     def load(self, folder: str) -> None:
         fsdp.load_sharded(self.model, self.optimizer, folder)
 

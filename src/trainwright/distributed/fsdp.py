@@ -232,18 +232,33 @@ def _wrap_units(model: nn.Module, options: list[str], config: dict[str, Any]) ->
 # ---------------------------------------------------------------------------------- checkpoints
 def save_sharded(model: nn.Module, optimizer: torch.optim.Optimizer | None, directory: str) -> None:
     """Write model (and optimizer) state as DCP folders in `directory`. Every rank calls it."""
-    import torch.distributed.checkpoint as dcp
+    write_sharded(sharded_state(model, optimizer), directory)
+
+
+def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+    """{"model": ..., "optimizer": ...} as DCP saves them (sharded DTensors; no optimizer: no entry)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    no_dist = not _initialized()
-    dcp.save(
-        {"model": get_model_state_dict(model)},
-        checkpoint_id=os.path.join(directory, MODEL_DIR),
-        no_dist=no_dist,
-    )
+    state: dict[str, Any] = {"model": get_model_state_dict(model)}
     if optimizer is not None:
-        state = get_optimizer_state_dict(model, optimizer)
-        dcp.save({"optimizer": state}, checkpoint_id=os.path.join(directory, OPTIMIZER_DIR), no_dist=no_dist)
+        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    return state
+
+
+def write_sharded(state: dict[str, Any], directory: str, group: Any = None) -> None:
+    """The DCP folders of `sharded_state(...)` (or a copy of it) in `directory`, every rank its shards;
+    `group`: the process group of DCP's collectives (None: the default one)."""
+    import torch.distributed.checkpoint as dcp
+
+    no_dist = not _initialized()
+    for key, folder in (("model", MODEL_DIR), ("optimizer", OPTIMIZER_DIR)):
+        if key in state:
+            dcp.save(
+                {key: state[key]},
+                checkpoint_id=os.path.join(directory, folder),
+                process_group=group,
+                no_dist=no_dist,
+            )
 
 
 def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer | None, directory: str) -> None:

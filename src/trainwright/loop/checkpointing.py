@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -23,6 +24,7 @@ from torch import nn
 import trainwright.checkpoint as ckpt
 from trainwright.checkpoint.manager import CheckpointManager
 from trainwright.checkpoint.rng import RngState
+from trainwright.checkpoint.weights import model_state_dict
 from trainwright.core.events import CallbackHandler
 from trainwright.core.state import ExportableState, LoopCursor, TrainerControl, TrainerState
 from trainwright.distributed import fsdp
@@ -162,6 +164,22 @@ class ModelFiles:
     def load(self, folder: str) -> None:
         self.trainer._load_from_checkpoint(folder)
 
+    def stage(self) -> dict | None:
+        """For a background write (`async_writer.StagedPart`): the weights `save` would write, taken
+        now (None where this process writes none, or writes only the model's description)."""
+        if self.custom:
+            raise RuntimeError("a subclass's save_model runs as upstream runs it: save synchronously")
+        if not self.main or self.describe_only:
+            return None
+        return self.weights if self.weights is not None else model_state_dict(self.trainer.model)
+
+    def save_staged(self, folder: str, staged: dict | None, group: Any = None) -> None:
+        """`save` from the staged weights, on the writer thread (the same files)."""
+        if self.main and self.describe_only:
+            write_model(self.trainer, folder, weights=False)
+        elif self.main:
+            self.trainer._save(folder, state_dict=staged)
+
 
 class DataState:
     """The "data_state" part: the loop cursor, the sampler's and dataset's state, every process's
@@ -292,8 +310,10 @@ def _writes_once(trainer: CheckpointedTrainer) -> bool:
 
 
 # ---------------------------------------------------------------------- saving
-def save(trainer: CheckpointedTrainer) -> str:
-    """Write checkpoint-<global_step> atomically, then rotate old ones."""
+def save(trainer: CheckpointedTrainer, background: Callable[..., bool] | None = None) -> str | None:
+    """Write checkpoint-<global_step> atomically, then rotate old ones. With `background` (see
+    `async_saves`), `background(manager, folder, name, parts, **rotation)` may take the write over:
+    then None is returned and the checkpoint is written in the background."""
     state = trainer.state
     trainer.store_flos()
     folder = run_dir(trainer)
@@ -303,13 +323,13 @@ def save(trainer: CheckpointedTrainer) -> str:
         if state.best_global_step == state.global_step or os.path.isdir(best):
             state.best_model_checkpoint = best
     main = _writes_once(trainer)
-    return CheckpointManager(trainer.runtime, main=main).save(
-        folder,
-        name,
-        checkpoint_parts(trainer, main),
-        save_total_limit=trainer.args.save_total_limit,
-        best_checkpoint=state.best_model_checkpoint,
-    )
+    manager, parts = CheckpointManager(trainer.runtime, main=main), checkpoint_parts(trainer, main)
+    limit, best_checkpoint = trainer.args.save_total_limit, state.best_model_checkpoint
+    if background is not None and background(
+        manager, folder, name, parts, save_total_limit=limit, best_checkpoint=best_checkpoint
+    ):
+        return None
+    return manager.save(folder, name, parts, save_total_limit=limit, best_checkpoint=best_checkpoint)
 
 
 def write_model(
@@ -323,7 +343,10 @@ def write_model(
         )
     elif hasattr(config, "save_pretrained"):
         config.save_pretrained(directory)  # sharded weights: still describe the model
-    ckpt.write_json(os.path.join(directory, ckpt.TRAINING_ARGS_NAME), trainer.args.to_dict())
+    saved_args = trainer.args.to_dict()
+    # how a checkpoint is written, not what it holds: the same bytes either way
+    saved_args.pop("async_save", None)
+    ckpt.write_json(os.path.join(directory, ckpt.TRAINING_ARGS_NAME), saved_args)
     processing = trainer.processing_class
     if processing is None:
         processing = getattr(trainer.data_collator, "tokenizer", None)

@@ -25,7 +25,7 @@ from trainwright.core.state import LoopCursor, TrainerState
 from trainwright.distributed import device_cache
 from trainwright.distributed.engine import build_engine
 from trainwright.distributed.preemption import PreemptionGuard
-from trainwright.loop import batch_size_finder, hub, prediction, resume
+from trainwright.loop import async_saves, batch_size_finder, hub, prediction, resume
 from trainwright.loop import checkpointing as training_checkpoint
 from trainwright.loop.trainer_api import TrainerAPI
 from trainwright.loop.trainer_setup import enable_activation_checkpointing
@@ -108,6 +108,7 @@ class Trainer(TrainerAPI):
                 raise SystemExit(0)
             return output
         finally:
+            async_saves.abandon(self)  # on an exception: the write in flight finishes before the lock goes
             if self._neftune_hook is not None:  # NEFTune perturbs this call's training only
                 self._neftune_hook.remove()
                 self._neftune_hook = None
@@ -280,6 +281,7 @@ class Trainer(TrainerAPI):
                 self._maybe_log_save_evaluate(
                     *self._log_save_evaluate_args(trial, epoch, ignore_keys_for_eval)
                 )
+            async_saves.poll(self)  # async_save: a durable checkpoint's rotation and on_save
             if self.control.should_epoch_stop or self.control.should_training_stop:
                 break
             if self.state.global_step >= max_steps:
@@ -512,11 +514,12 @@ class Trainer(TrainerAPI):
                 self.control.should_save = self.control.should_training_stop = True
         if self.control.should_save:
             self._save_checkpoint(model, trial)
-            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+            if not async_saves.defer_on_save(self):  # async_save: on_save fires once it is durable
+                self.control = self.callback_handler.on_save(self.args, self.state, self.control)
 
     def _save_checkpoint(self, model: nn.Module | None = None, trial: Any = None) -> None:
-        path = training_checkpoint.save(self)
-        if self.args.push_to_hub:
+        path = async_saves.save(self) if self.args.async_save else training_checkpoint.save(self)
+        if path is not None and self.args.push_to_hub:  # None: written in the background, pushed when durable
             self._push_from_checkpoint(path)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
@@ -526,6 +529,7 @@ class Trainer(TrainerAPI):
         `_save`. Checkpoints write their weights through it too (`_internal_call=True`)."""
         output_dir = output_dir or self.args.output_dir
         assert output_dir is not None  # TrainingArguments.__post_init__ fills output_dir in
+        async_saves.wait(self)  # a checkpoint being written in the background is finished first
         training_checkpoint.save_model(self, output_dir)
         if self.args.push_to_hub and not _internal_call:  # documented: a user's save_model pushes
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
@@ -562,6 +566,7 @@ class Trainer(TrainerAPI):
 
     def _finalize_training(self, start_time: float) -> TrainOutput:
         cursor, args = self.cursor, self.args
+        async_saves.wait(self)  # the last checkpoint durable (its on_save fired) before the best loads
         if cursor.steps_since_log > 0 and args.logging_strategy != "no":
             self._log_training_window(self._grad_norm, self._last_lr, start_time)  # the last partial window
         elif cursor.steps_since_log > 0:  # unlogged steps still count in train_loss

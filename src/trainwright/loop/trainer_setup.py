@@ -24,6 +24,7 @@ from torch.utils.data import Dataset, IterableDataset
 from trainwright import data as data_utils
 from trainwright.args.training_args import TrainingArguments
 from trainwright.callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCallback
+from trainwright.checkpoint.async_writer import AsyncCheckpointWriter, GroupCollectives
 from trainwright.checkpoint.output_lock import create_output_dir
 from trainwright.core.enums import DebugOption
 from trainwright.core.events import CallbackHandler, TrainerCallback
@@ -111,6 +112,8 @@ class TrainerSetup:
     _hp_search: _Search | None  # hpo's search while one runs (hyperparameter_search sets it)
     _start_time: float | None = None
     _preemption: PreemptionGuard | None = None
+    _checkpoint_writer: AsyncCheckpointWriter | None = None  # async_save: made at its first save
+    _checkpoint_collectives: GroupCollectives | None = None  # its process group, with several processes
     _eval_stops_on_preemption = False  # True while the loop's own evaluation runs (stops on preemption)
     _iterable_restored = False
     _engine: Engine | None = None  # the backend's engine of the current train() call
