@@ -192,6 +192,12 @@ class Trainer(TrainerAPI):
         self._grad_norm = None
         self._last_lr = None
         self._custom_lse = self._overrides("_maybe_log_save_evaluate")
+        self._plain_forward = not (
+            args.bf16
+            or args.fp16
+            or self._overrides("compute_loss_context_manager")
+            or self._overrides("autocast_smart_context_manager")
+        )
         # an overridden floating_point_ops is called every micro-batch, as upstream
         self._log_flops_and_tokens = self._wants_flops() or self._overrides("floating_point_ops")
         self._flops_per_token = 6 * non_embedding_parameters(self.model)
@@ -281,7 +287,8 @@ class Trainer(TrainerAPI):
                 self._maybe_log_save_evaluate(
                     *self._log_save_evaluate_args(trial, epoch, ignore_keys_for_eval)
                 )
-            async_saves.poll(self)  # async_save: a durable checkpoint's rotation and on_save
+            if self._checkpoint_writer is not None:  # async_save: a durable checkpoint's rotation, on_save
+                async_saves.poll(self)
             if self.control.should_epoch_stop or self.control.should_training_stop:
                 break
             if self.state.global_step >= max_steps:
@@ -388,8 +395,11 @@ class Trainer(TrainerAPI):
         inputs = self._prepare_inputs(inputs)
         if self._past_state is not None:
             inputs = self._past_state.feed(inputs)
-        with self.compute_loss_context_manager():
+        if self._plain_forward:  # no autocast, no overridden context: no context to enter (~1 us)
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        else:
+            with self.compute_loss_context_manager():
+                loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         del inputs
         if self._empty_cache is not None:  # after the forward, before the backward, as upstream
             self._empty_cache(self.state.global_step)
@@ -464,21 +474,6 @@ class Trainer(TrainerAPI):
         else:
             loss = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
         return (loss, outputs) if return_outputs else loss
-
-    # ------------------------------------------------------------------ log / evaluate / save
-    def _log_save_evaluate_args(self, trial: Any, epoch: int, ignore_keys_for_eval: Any) -> tuple:
-        # tr_loss is only materialised for a subclass that overrides the method (it costs a stack)
-        tr_loss = self._losses.window_sum(self.cursor.steps_since_log) if self._custom_lse else None
-        return (
-            tr_loss,
-            self._grad_norm,
-            self.model_wrapped,
-            trial,
-            epoch,
-            ignore_keys_for_eval,
-            self._start_time,
-            self._last_lr,
-        )
 
     def _maybe_log_save_evaluate(
         self,

@@ -334,6 +334,21 @@ class TrainerAPI(TrainerSetup):
     def store_flos(self) -> None:
         self.state.total_flos = self.cursor.flops_seen * self.runtime.world_size
 
+    # ------------------------------------------------------------------ log / evaluate / save
+    def _log_save_evaluate_args(self, trial: Any, epoch: int, ignore_keys_for_eval: Any) -> tuple:
+        # tr_loss is only materialised for a subclass that overrides the method (it costs a stack)
+        tr_loss = self._losses.window_sum(self.cursor.steps_since_log) if self._custom_lse else None
+        return (
+            tr_loss,
+            self._grad_norm,
+            self.model_wrapped,
+            trial,
+            epoch,
+            ignore_keys_for_eval,
+            self._start_time,
+            self._last_lr,
+        )
+
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Record a row in log_history and send it to every callback's `on_log`."""
         if self.state.epoch is not None:
