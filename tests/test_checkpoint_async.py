@@ -965,7 +965,7 @@ def test_preemption_with_a_pending_write_exits_with_the_checkpoints_durable(tmp_
     assert ckpt.get_last_checkpoint(tmp_path) == str(tmp_path / "checkpoint-3")
 
 
-def test_a_subclass_overriding_a_save_hook_saves_synchronously(tmp_path):
+def test_a_subclass_overriding_a_save_hook_saves_synchronously(tmp_path, caplog):
     from conftest import DropoutMLP, VectorDataset
 
     from trainwright import Trainer, TrainingArguments
@@ -988,8 +988,11 @@ def test_a_subclass_overriding_a_save_hook_saves_synchronously(tmp_path):
         per_device_train_batch_size=4,
     )
     trainer = Custom(model=DropoutMLP(), args=args, train_dataset=VectorDataset())
-    trainer.train()
+    with caplog.at_level("WARNING", logger="trainwright"):
+        trainer.train()
     assert calls == [threading.current_thread().name] * 2
+    said = [r.getMessage() for r in caplog.records if "written synchronously" in r.getMessage()]
+    assert len(said) == 1 and "overrides _save" in said[0]  # once, naming the hook
     assert trainer._checkpoint_writer is None
 
 

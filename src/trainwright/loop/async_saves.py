@@ -158,4 +158,4 @@ def _log_once(trainer: Any, reason: str) -> None:
     said = trainer.__dict__.setdefault("_async_save_said", set())
     if reason not in said:
         said.add(reason)
-        logger.info("async_save: checkpoints are written synchronously: %s.", reason)
+        logger.warning("async_save: checkpoints are written synchronously: %s.", reason)
