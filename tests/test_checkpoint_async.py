@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import socket
 import subprocess
 import sys
@@ -1054,7 +1055,8 @@ def test_resume_from_an_async_checkpoint_in_a_new_process_is_bit_exact(tmp_path)
 @pytest.mark.parametrize("engine", ["ddp", "fsdp"])
 def test_two_process_trainer_async_checkpoints_equal_sync_ones(tmp_path, engine):
     """2 real processes (torchrun, gloo): every rank's files in the checkpoint, committed when both
-    are done, the same bytes as a synchronous run's (FSDP: DCP's .metadata holds a random save id)."""
+    are done, the same bytes as a synchronous run's (FSDP: DCP's .metadata records a random save id
+    and the hidden folder's name, which differ between any two saves; the rest of it is equal)."""
     import test_distributed as dist_tests
 
     task = {"name": "job", "args": {"save_strategy": "steps", "save_steps": 1, "save_total_limit": 3}}
@@ -1076,6 +1078,14 @@ def test_two_process_trainer_async_checkpoints_equal_sync_ones(tmp_path, engine)
         assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(files)
         assert ckpt.verify_checkpoint(tmp_path / "async" / "job" / name) == []
         assert sorted(files) == sorted(runs["async"][name])
-        differ = {os.path.basename(f) for f in files if files[f] != runs["async"][name][f]}
+        differ = {f for f in files if files[f] != runs["async"][name][f]}
         allowed = {".metadata", ckpt.CHECKPOINT_COMPLETE_NAME} if engine == "fsdp" else set()
-        assert differ <= allowed, (name, differ)
+        assert {os.path.basename(f) for f in differ} <= allowed, (name, differ)
+        for f in (f for f in differ if f.endswith(".metadata")):  # DCP's own pickle, read as DCP reads it
+            sync_meta, async_meta = (pickle.loads(run[name][f]) for run in (runs["sync"], runs["async"]))
+            # what differs is storage_meta: a random save_id and the hidden folder's random name
+            assert sync_meta.state_dict_metadata == async_meta.state_dict_metadata, f
+            assert (
+                sync_meta.storage_data == async_meta.storage_data
+                and sync_meta.planner_data == async_meta.planner_data
+            )
