@@ -1089,3 +1089,21 @@ def test_two_process_trainer_async_checkpoints_equal_sync_ones(tmp_path, engine)
                 sync_meta.storage_data == async_meta.storage_data
                 and sync_meta.planner_data == async_meta.planner_data
             )
+
+
+def test_a_full_disk_during_a_background_write_keeps_the_previous_checkpoint(tmp_path):
+    """A real full disk (tmpfs) under the writer thread: the error reaches train() naming the
+    checkpoint, the file and the full disk; the previous checkpoint stays the newest."""
+    import test_faults_runtime as faults
+
+    # as in test_faults_runtime: a checkpoint ~1 MiB on a 1.56 MiB disk, the second fails in optimizer.pt
+    with faults._mounted_tmpfs(tmp_path / "disk", "1600k") as out:
+        trainer = faults._trainer(
+            out, model=faults._Net(width=8000), max_steps=4, save_steps=2, async_save=True
+        )
+        with pytest.raises(AsyncCheckpointError) as info:
+            trainer.train()
+        faults._check_full_disk_error(info.value, out, "checkpoint-4", "optimizer.pt")
+        assert "background" in str(info.value)
+        assert sorted(os.listdir(out)) == ["checkpoint-2"]  # no hidden folder, no lock left
+        assert ckpt.get_last_checkpoint(out) == os.path.join(out, "checkpoint-2")
