@@ -550,6 +550,7 @@ class Trainer(TrainerAPI):
 
     def _load_best_model(self) -> None:
         """Load the weights of `state.best_model_checkpoint` (load_best_model_at_end)."""
+        async_saves.wait(self)  # called directly mid-training too: the checkpoint being written first
         best = self.state.best_model_checkpoint
         logger.info("Loading the best model from %s (score: %s).", best, self.state.best_metric)
         assert best is not None  # called only when there is a best checkpoint
