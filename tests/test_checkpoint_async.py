@@ -17,6 +17,7 @@ import time
 
 import pytest
 import torch
+from test_checkpoint_faults import _ZYGOTE_PREAMBLE
 
 import trainwright.checkpoint as ckpt
 from trainwright.checkpoint.async_writer import AsyncCheckpointError, AsyncCheckpointWriter
@@ -348,54 +349,9 @@ def test_at_most_one_write_in_flight():
 # The zygote of test_checkpoint_faults.py, saving through the async writer: the worker snapshots,
 # goes on mutating the live weights while the writer thread writes (every filesystem operation of
 # the write gated by the parent), and reports a save as done only when its on_done ran.
-_ASYNC_ZYGOTE = textwrap.dedent(
+_ASYNC_ZYGOTE = _ZYGOTE_PREAMBLE + textwrap.dedent(
     """
-    import builtins, os, sys, traceback
-    import torch
-
-    torch.set_num_threads(1)
-    import trainwright.checkpoint as ckpt
     from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
-
-    WIDTH = int(sys.argv[1])
-
-    def send(line):
-        os.write(1, (line + "\\n").encode())
-
-    def recv():
-        data = b""
-        while not data.endswith(b"\\n"):
-            byte = os.read(0, 1)
-            if not byte:
-                os._exit(0)
-            data += byte
-        return data.decode().strip()
-
-    def build():
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(3)])
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        model(torch.randn(2, WIDTH)).sum().backward()
-        opt.step()
-        return model, opt
-
-    model, opt = build()
-    gating = False
-
-    def gate(label):
-        if gating:
-            send("op " + label)
-            if recv() != "go":
-                os._exit(3)
-
-    def gated(name):
-        real = getattr(os, name)
-
-        def wrapper(*args, **kwargs):
-            gate(name + " " + " ".join(os.path.basename(str(a)) for a in args if isinstance(a, (str, bytes))))
-            return real(*args, **kwargs)
-
-        return wrapper
 
     writer = AsyncCheckpointWriter()
 

@@ -26,7 +26,8 @@ import torch
 
 import trainwright.checkpoint as ckpt
 
-_ZYGOTE = textwrap.dedent(
+# The child's set-up: a model and an optimizer, the line protocol with the parent, gated os calls.
+_ZYGOTE_PREAMBLE = textwrap.dedent(
     """
     import builtins, os, sys, traceback
     import torch
@@ -73,6 +74,10 @@ _ZYGOTE = textwrap.dedent(
             return real(*args, **kwargs)
 
         return wrapper
+    """
+)
+_ZYGOTE = _ZYGOTE_PREAMBLE + textwrap.dedent(
+    """
 
     def save(out, step, version):
         send(f"saving {step} {version}")
