@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import torch
 from torch import nn
@@ -45,10 +46,12 @@ class Net(nn.Module):
 
 
 class SlowDown(TrainerCallback):
-    """Tells the parent which step is running (for signal tests)."""
+    """Tells the parent which step is running, then waits a little, so that a signal the parent
+    sends on reading it arrives during that step even on a loaded machine (for signal tests)."""
 
     def on_step_begin(self, args, state, control, **kw):
         print(f"STEP {state.global_step + 1}", flush=True)
+        time.sleep(0.5)  # a signal handler runs during the sleep; the sleep then finishes
 
 
 def main(cfg: dict) -> None:
