@@ -46,12 +46,17 @@ class Net(nn.Module):
 
 
 class SlowDown(TrainerCallback):
-    """Tells the parent which step is running, then waits a little, so that a signal the parent
-    sends on reading it arrives during that step even on a loaded machine (for signal tests)."""
+    """Tells the parent which step is running (for signal tests); with a pause, waits that long
+    after telling, so that a signal the parent sends on reading it arrives during that step even
+    on a loaded machine."""
+
+    def __init__(self, pause: float = 0.0):
+        self.pause = pause
 
     def on_step_begin(self, args, state, control, **kw):
         print(f"STEP {state.global_step + 1}", flush=True)
-        time.sleep(0.5)  # a signal handler runs during the sleep; the sleep then finishes
+        if self.pause:
+            time.sleep(self.pause)  # a signal handler runs during the sleep; the sleep then finishes
 
 
 def main(cfg: dict) -> None:
@@ -80,7 +85,7 @@ def main(cfg: dict) -> None:
         per_device_eval_batch_size=8,
         preemption_signals=["SIGTERM", "SIGUSR1", "SIGINT"],  # named explicitly (also the default)
     )
-    callbacks = [SlowDown()] if cfg.get("announce") else []
+    callbacks = [SlowDown(cfg.get("announce_pause", 0.0))] if cfg.get("announce") else []
     if cfg.get("early_stopping"):
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=cfg["early_stopping"]))
     torch.manual_seed(0)  # the model is built before the Trainer seeds anything

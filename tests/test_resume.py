@@ -255,7 +255,7 @@ def test_early_stopping_state_survives_resume(tmp_path):
 def test_sigterm_saves_and_exits_cleanly_and_second_signal_does_not_corrupt(tmp_path):
     out = str(tmp_path / "pre")
     env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__)}
-    cfg = {"output_dir": out, "announce": True, "save_steps": 1000, "epochs": 50}
+    cfg = {"output_dir": out, "announce": True, "announce_pause": 0.5, "save_steps": 1000, "epochs": 50}
     proc = subprocess.Popen(
         [sys.executable, JOB, json.dumps(cfg)],
         stdout=subprocess.PIPE,
