@@ -531,11 +531,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_process_async_commit_waits_for_every_rank(tmp_path):
-    script = tmp_path / "job.py"
-    script.write_text(_DIST_JOB)
-    out = tmp_path / "out"
-    out.mkdir()
+def _torchrun(script, *args, timeout: float = 240) -> None:
     env = {
         k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")
     }
@@ -548,10 +544,18 @@ def test_two_process_async_commit_waits_for_every_rank(tmp_path):
         "--master_addr=127.0.0.1",
         f"--master_port={_free_port()}",
         str(script),
-        str(out),
+        *map(str, args),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+def test_two_process_async_commit_waits_for_every_rank(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(_DIST_JOB)
+    out = tmp_path / "out"
+    out.mkdir()
+    _torchrun(script, out)
     results = [json.loads((out / f"result_{r}.json").read_text()) for r in range(2)]
     for step in (1, 2):
         folder = out / f"checkpoint-{step}"
@@ -642,25 +646,6 @@ _FSDP_JOB = textwrap.dedent(
     dist.destroy_process_group()
     """
 )
-
-
-def _torchrun(script, *args, timeout: float = 240) -> None:
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")
-    }
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--master_addr=127.0.0.1",
-        f"--master_port={_free_port()}",
-        str(script),
-        *map(str, args),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
 
 def test_fsdp2_async_dcp_checkpoint_matches_the_sync_one(tmp_path):
