@@ -154,23 +154,34 @@ class LabelSmoother:
 
 
 class LossWindow:
-    """Per-step training losses since the last log, kept on the device.
+    """Per-step training losses since the last log.
 
-    A step's loss is kept as the (detached) tensor the step produced: recording it is a list
-    append, with no tensor operation and no host sync on the hot path; the window is stacked and
-    read once per log. Non-finite steps are left out of the logged mean when filtering
-    (`logging_nan_inf_filter`), which is what replacing them by the running mean amounts to.
+    Recording a step is a list append with no tensor operation and no host sync; the window is
+    stacked and read once per log. On an accelerator a step's loss stays the (detached) device
+    tensor the step produced. A CPU loss is kept as a Python float (reading it costs no sync there):
+    holding the step's 0-d tensor would pin a small block amid the step's freed activations, and
+    glibc's heap then grows by about an activation per step until the next log, paid in page faults
+    (measured: +1.1 MB and ~200 page faults per GPT-2 step, ~4% of its time; see docs/design.md).
+    Non-finite steps are left out of the logged mean when filtering (`logging_nan_inf_filter`),
+    which is what replacing them by the running mean amounts to.
     """
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.steps: list[torch.Tensor] = []
+        self.steps: list[torch.Tensor | float] = []
 
-    def add(self, step: int, loss: torch.Tensor) -> None:
+    def add(self, step: int, loss: torch.Tensor | float) -> None:
+        if isinstance(loss, torch.Tensor) and loss.is_cpu:
+            loss = loss.item()
         if step < len(self.steps):  # another micro-batch of the same optimizer step
             self.steps[step] = self.steps[step] + loss
         else:
             self.steps.append(loss)
+
+    def _stacked(self, steps: int) -> torch.Tensor:
+        return torch.stack(
+            [torch.as_tensor(t, device=self.device).reshape(()).float() for t in self.steps[:steps]]
+        )
 
     def step_sum(self, steps: int, runtime: Any, filter_nonfinite: bool) -> tuple[float, int]:
         """(sum of the recorded step losses, averaged over processes; non-finite steps), then cleared.
@@ -178,7 +189,7 @@ class LossWindow:
         With filtering, non-finite steps are replaced by the mean of the finite ones; a window with
         no finite step sums to NaN (a diverged run never reads as loss 0). One host sync.
         """
-        window = torch.stack([t.reshape(()).float() for t in self.steps[:steps]])
+        window = self._stacked(steps)
         finite = torch.isfinite(window)
         nonfinite = (~finite).sum().float()
         if filter_nonfinite:
@@ -196,10 +207,13 @@ class LossWindow:
         """This process's summed step losses since the last log, as a device tensor (no sync)."""
         if not self.steps[:steps]:
             return torch.zeros((), device=self.device)
-        return torch.stack([t.reshape(()).float() for t in self.steps[:steps]]).sum()
+        return self._stacked(steps).sum()
 
     def values(self, steps: int) -> list[float]:
         return [float(t) for t in self.steps[:steps]]
 
     def load(self, values: list[float]) -> None:
-        self.steps = [torch.tensor(v, dtype=torch.float32, device=self.device) for v in values]
+        on_cpu = torch.device(self.device).type == "cpu"
+        self.steps = [
+            float(v) if on_cpu else torch.tensor(v, dtype=torch.float32, device=self.device) for v in values
+        ]
