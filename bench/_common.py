@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import statistics
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -30,6 +32,32 @@ def apply_threads(threads: int) -> None:
 
     if threads:
         torch.set_num_threads(threads)
+
+
+# glibc reads these at start-up; fixed, they stop it moving its mmap threshold with whatever the
+# process freed last (left dynamic, GPT-2's activations come from fresh mmaps, thousands of page
+# faults a step, in some runs and from the reused heap in others: +-5% between runs)
+MALLOC_FIXED = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(4 * 2**30)}
+
+
+def add_malloc_argument(parser: Any) -> None:
+    """`--malloc fixed|default` (default fixed): glibc's mmap/trim thresholds pinned, or left dynamic."""
+    parser.add_argument(
+        "--malloc",
+        choices=("fixed", "default"),
+        default="fixed",
+        help="fixed: run with glibc's mmap and trim thresholds pinned, the same for every variant "
+        "(default); default: the allocator as users meet it (its dynamic threshold varies runs +-5%%)",
+    )
+
+
+def apply_malloc(mode: str) -> str:
+    """Re-run this script with `MALLOC_FIXED` set when `mode` is fixed (on glibc); say which it is."""
+    if mode != "fixed" or platform.libc_ver()[0] != "glibc":
+        return "allocator as is"
+    if any(os.environ.get(k) != v for k, v in MALLOC_FIXED.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_FIXED})
+    return "glibc malloc thresholds fixed"
 
 
 def quiet() -> None:

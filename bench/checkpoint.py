@@ -41,14 +41,15 @@
     .venv/bin/python bench/checkpoint.py [--repeats 7] [--resume-repeats 25]
                                         [--skip save|async|steps|resume ...] [--gpt-steps 160]
                                         [--save-every 50] [--gpt-repeats 3] [--log-every 500]
-                                        [--profile] [--threads 1]
+                                        [--profile] [--threads 1] [--malloc fixed|default]
 
 Goals: save <= 1.15x the raw baseline (the issue's comparison, raw save_file + torch.save without
 fsync; the fsync baseline is printed beside it); async blocked <= 0.25x the synchronous save on CPU
 (<= 0.05x on a GPU); async steps/s within 3% of never saving; time-to-first-step after resume <=
 1.1x a fresh start. Medians are the headline; minimums and, for resume, CPU times are printed beside them
 because on a shared machine other processes' load lengthens wall times. Torch runs on one thread
-by default (small steps on several threads mostly time thread wake-ups).
+by default (small steps on several threads mostly time thread wake-ups), and glibc's malloc
+thresholds are fixed for every variant (`--malloc`, see bench/_common.py).
 """
 
 from __future__ import annotations
@@ -66,7 +67,17 @@ import tempfile
 import time
 
 import torch
-from _common import MethodTimer, StepClock, add_threads_argument, apply_threads, load_average, quiet, summary
+from _common import (
+    MethodTimer,
+    StepClock,
+    add_malloc_argument,
+    add_threads_argument,
+    apply_malloc,
+    apply_threads,
+    load_average,
+    quiet,
+    summary,
+)
 from overhead import MLP, TokenData, gpt_model
 from torch.utils.data import DataLoader, Dataset
 
@@ -601,7 +612,9 @@ def main() -> int:
     )
     p.add_argument("--profile", action="store_true", help="print cProfile of one trainwright save and resume")
     add_threads_argument(p)
+    add_malloc_argument(p)
     ns = p.parse_args()
+    malloc = apply_malloc(ns.malloc)
     for flag, value in (("--repeats", ns.repeats), ("--resume-repeats", ns.resume_repeats)):
         if value < 1:
             p.error(f"{flag} must be >= 1, got {value}")
@@ -610,7 +623,8 @@ def main() -> int:
     apply_threads(ns.threads)
     where = os.environ.get("BENCH_DIR") or tempfile.gettempdir()
     print(
-        f"torch {torch.__version__}, threads {torch.get_num_threads()}, {load_average()}, files under {where} "
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, {malloc}, {load_average()}, "
+        f"files under {where} "
         "(set BENCH_DIR to use another disk)"
     )
     results = []

@@ -20,7 +20,8 @@ fixed (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`), the same for every v
 glibc moves its mmap threshold with whatever the process freed last, so GPT-2's activations are
 served by fresh mmaps (thousands of page faults a step) in some runs and by the reused heap in
 others: a +-5% lottery between runs that hides a 1% goal. The page faults per steady step are
-printed for each variant; `--malloc default` measures the lottery as users meet it.
+printed for each variant (one number per run); `--malloc default` measures the allocator as users
+meet it.
 
 Goals: >= 0.97x the raw loop on the tiny MLP, >= 0.99x on the GPT-2 workload.
 """
@@ -30,7 +31,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import platform
 import resource
 import sys
 import tempfile
@@ -38,6 +38,7 @@ import time
 import warnings
 
 import torch
+from _common import add_malloc_argument, apply_malloc
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
@@ -111,7 +112,6 @@ _now = time.perf_counter  # --clock thread: time.thread_time
 
 
 _RUSAGE = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
-_MALLOC_FIXED = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(4 * 2**30)}
 
 
 class Clock:
@@ -230,18 +230,9 @@ def main() -> int:
     p.add_argument(
         "--clock", choices=("wall", "thread"), default="wall", help="wall clock or thread CPU time"
     )
-    p.add_argument(
-        "--malloc",
-        choices=("fixed", "default"),
-        default="fixed",
-        help="glibc's mmap/trim thresholds fixed for every variant, or left dynamic",
-    )
+    add_malloc_argument(p)
     ns = p.parse_args()
-    glibc = platform.libc_ver()[0] == "glibc"
-    if ns.malloc == "fixed" and glibc and any(os.environ.get(k) != v for k, v in _MALLOC_FIXED.items()):
-        # glibc reads these once, at start-up: run this script again with them set
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **_MALLOC_FIXED})
-    malloc = "glibc thresholds fixed" if ns.malloc == "fixed" and glibc else "allocator as is"
+    malloc = apply_malloc(ns.malloc)
     if ns.clock == "thread":
         global _now
         _now = time.thread_time
