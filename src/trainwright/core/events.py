@@ -227,6 +227,9 @@ class CallbackHandler(TrainerCallback):
         return self.call_event("on_epoch_end", args, state, control)
 
     def on_step_begin(self, args, state, control, **kwargs):
+        if not self._listeners["on_step_begin"]:  # every step: the resets without a call_event
+            control.should_log = control.should_evaluate = control.should_save = False
+            return control
         return self.call_event("on_step_begin", args, state, control)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):

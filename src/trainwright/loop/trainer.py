@@ -235,13 +235,15 @@ class Trainer(TrainerAPI):
         assert self._engine is not None  # set up by _inner_training_loop
         accumulate, clip, step = self._engine.accumulate, self._engine.clip, self._engine.step
         plain_boundary = self._engine.plain_boundary
+        # looked up once an epoch, not every step: nothing swaps these while an epoch runs
+        optimizer, add_loss, device = self.optimizer, self._losses.add, self.runtime.device
         batches = self._epoch_batches(dataloader, epoch)
         if self._past_state is not None:  # past_index: the memory starts empty each epoch (v4)
             self._past_state.reset()
         self.control = handler.on_epoch_begin(args, self.state, self.control)
         ran_any = exhausted = False
         while True:
-            micro_batches, num_items = self.get_batch_samples(batches, ga, self.runtime.device)
+            micro_batches, num_items = self.get_batch_samples(batches, ga, device)
             if not micro_batches:
                 exhausted = True
                 break
@@ -257,7 +259,7 @@ class Trainer(TrainerAPI):
                 else:
                     with accumulate(i < last):  # no gradient sync but on the last micro-batch
                         step_loss = self.training_step(self.model_wrapped, inputs, num_items)
-                self._losses.add(cursor.steps_since_log, step_loss)
+                add_loss(cursor.steps_since_log, step_loss)
                 if i < last:
                     self.control = handler.on_substep_end(args, self.state, self.control)
             del micro_batches
@@ -265,10 +267,10 @@ class Trainer(TrainerAPI):
             self.control = handler.on_pre_optimizer_step(args, self.state, self.control)
             applied, self._grad_norm = step(self._grad_norm)  # DeepSpeed reports the norm it clipped
             self.control = handler.on_optimizer_step(args, self.state, self.control)
-            self._last_lr = self.optimizer.param_groups[0]["lr"]  # the rate this step applied
+            self._last_lr = optimizer.param_groups[0]["lr"]  # the rate this step applied
             if applied and not self._plateau:
                 self.lr_scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=True)
             cursor.steps_attempted += 1
             cursor.steps_applied += int(applied)
             cursor.steps_since_log += 1
@@ -343,7 +345,7 @@ class Trainer(TrainerAPI):
     def _items_in_step(self, micro_batches: list) -> torch.Tensor | None:
         """Items (label targets, else samples) in this optimizer step over every process; None when
         the step is one micro-batch on one process, where no reweighting is needed."""
-        distributed = self.runtime.distributed and self.args.average_tokens_across_devices
+        distributed = self.runtime.world_size > 1 and self.args.average_tokens_across_devices
         if len(micro_batches) == 1 and not distributed:
             return None
         # a tensor: micro_batches is not empty (sum's type also allows its start, 0)
@@ -359,7 +361,7 @@ class Trainer(TrainerAPI):
         cursor.batch_in_epoch += 1
         cursor.samples_in_epoch += n
         cursor.samples_seen += n
-        is_mapping = isinstance(inputs, Mapping)
+        is_mapping = type(inputs) is dict or isinstance(inputs, Mapping)  # dict: skip the ABC check
         ids = inputs.get("input_ids") if is_mapping else None
         tokens = ids.numel() if isinstance(ids, torch.Tensor) else 0
         cursor.tokens_seen += tokens
@@ -388,9 +390,11 @@ class Trainer(TrainerAPI):
         """Forward and backward of one micro-batch; returns the detached loss that was backpropagated."""
         if not model.training:  # after an evaluation; calling train() every step costs ~50 us
             model.train()
-        optimizer_train = getattr(self.optimizer, "train", None)
-        if callable(optimizer_train):  # schedule-free: back to the training weights (a no-op if there)
-            optimizer_train()
+        optimizer = self.optimizer
+        if optimizer is not self._train_mode_of:  # looked up once per optimizer (a miss costs ~0.5 us)
+            self._train_mode_of, self._optimizer_train = optimizer, getattr(optimizer, "train", None)
+        if callable(self._optimizer_train):  # schedule-free: back to the training weights (no-op if there)
+            self._optimizer_train()
         micro_items = items_in_batch(inputs, self._label_shift) if num_items_in_batch is not None else None
         inputs = self._prepare_inputs(inputs)
         if self._past_state is not None:

@@ -97,6 +97,8 @@ class TrainerSetup:
     _created_scheduler = False
     _custom_lse = False  # train(): a subclass overrides _maybe_log_save_evaluate (called every step)
     _plain_forward = False  # train(): no autocast and no overridden loss context (training_step skips it)
+    _train_mode_of: Any = None  # the optimizer whose `train` (schedule-free) _optimizer_train holds
+    _optimizer_train: Any = None
     # Methods of TrainerAPI / Trainer these call back into (overridable there).
     init_hf_repo: Callable[..., None]
     compute_loss_context_manager: Callable[[], contextlib.AbstractContextManager]

@@ -179,9 +179,10 @@ class LossWindow:
             self.steps.append(loss)
 
     def _stacked(self, steps: int) -> torch.Tensor:
-        return torch.stack(
-            [torch.as_tensor(t, device=self.device).reshape(()).float() for t in self.steps[:steps]]
-        )
+        window = self.steps[:steps]
+        if all(type(v) is float for v in window):  # CPU losses: one tensor from the list (~10 us for 500)
+            return torch.tensor(window, dtype=torch.float32, device=self.device)
+        return torch.stack([torch.as_tensor(v, device=self.device).reshape(()).float() for v in window])
 
     def step_sum(self, steps: int, runtime: Any, filter_nonfinite: bool) -> tuple[float, int]:
         """(sum of the recorded step losses, averaged over processes; non-finite steps), then cleared.
