@@ -345,7 +345,7 @@ class Trainer(TrainerAPI):
     def _items_in_step(self, micro_batches: list) -> torch.Tensor | None:
         """Items (label targets, else samples) in this optimizer step over every process; None when
         the step is one micro-batch on one process, where no reweighting is needed."""
-        distributed = self.runtime.world_size > 1 and self.args.average_tokens_across_devices
+        distributed = self.runtime.distributed and self.args.average_tokens_across_devices
         if len(micro_batches) == 1 and not distributed:
             return None
         # a tensor: micro_batches is not empty (sum's type also allows its start, 0)
