@@ -1,0 +1,259 @@
+"""Measure the loop's shape: the numbers of the structure issues, from the source with `ast`.
+
+    python scripts/structure.py [SRC_DIR]      # default: src/trainwright of this checkout
+
+Prints, for the Trainer and the code around it:
+
+* lines and branch points of `_run_epoch` (branch points: 1 per if/for/while/try/with/ternary/
+  except, plus 1 per extra and/or operand; a nested function's points count to it, not its parent);
+* branch points on the per-step path (`STEP_PATH`: what one optimizer step of a plain run calls);
+* Trainer attributes first set outside `__init__` (written by a method or another module, not in
+  `__init__`; class-level constants that nothing writes are not state);
+* sites in other modules that write a Trainer attribute (`trainer.x = ...`, `setattr(trainer, ...)`,
+  `trainer.__dict__`), and functions outside the Trainer's files that take the whole `trainer`.
+
+The same script measures an old tree (`git worktree add /tmp/old <commit>`; pass its `src/trainwright`),
+so before/after numbers come from one method.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+# The Trainer's class chain: (file, class). Files are relative to the package folder; the first
+# that exists is used (the chain's files moved over time).
+TRAINER_CLASSES = [
+    ("loop/trainer_setup.py", "TrainerSetup"),
+    ("loop/trainer_api.py", "TrainerAPI"),
+    ("loop/trainer.py", "Trainer"),
+]
+
+# What one optimizer step of a plain run goes through (qualified as file:Class.method or file:function).
+# A name that does not exist in a tree is skipped (and reported).
+STEP_PATH = [
+    "loop/trainer.py:Trainer._run_epoch",
+    "loop/trainer.py:Trainer.get_batch_samples",
+    "loop/trainer.py:Trainer._items_in_step",
+    "loop/trainer.py:Trainer._advance_cursor",
+    "loop/trainer.py:Trainer._sync_state",
+    "loop/trainer.py:Trainer.training_step",
+    "loop/trainer.py:Trainer._scale_for_accumulation",
+    "loop/trainer.py:Trainer.compute_loss",
+    "loop/trainer.py:Trainer._preempted",
+    "loop/trainer.py:Trainer._log_save_evaluate_due",
+    "loop/trainer_api.py:TrainerAPI._prepare_inputs",
+    "loop/trainer_api.py:TrainerAPI.compute_loss_context_manager",
+    "loop/trainer_api.py:TrainerAPI.autocast_smart_context_manager",
+    "loop/trainer_api.py:TrainerAPI._log_save_evaluate_args",
+    "loop/async_saves.py:poll",
+    "loop/checkpointer.py:Checkpointer.poll",
+    "loop/run.py:TrainingRun.advance",
+    "loop/run.py:TrainingRun.items_in_step",
+    "loop/run.py:TrainingRun.optimizer_train",
+    "distributed/engine.py:Engine.accumulate",
+    "distributed/engine.py:Engine.backward",
+    "distributed/engine.py:Engine.clip",
+    "distributed/engine.py:Engine.step",
+    "modeling/loss.py:LossWindow.add",
+    "modeling/loss.py:items_in_batch",
+    "modeling/loss.py:count_items",
+    "modeling/loss.py:scale_for_accumulation",
+    "modeling/loss.py:loss_is_normalised",
+    "data/items.py:count_items",
+    "data/items.py:items_in_batch",
+    "core/events.py:CallbackHandler.call_event",
+    "callbacks/flow.py:DefaultFlowCallback.on_step_end",
+]
+
+
+def branch_points(fn: ast.AST) -> int:
+    """Branch points of one function, not counting nested functions or classes."""
+    points = 0
+    stack = list(ast.iter_child_nodes(fn))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With, ast.AsyncWith)):
+            points += 1
+        elif isinstance(node, (ast.IfExp, ast.ExceptHandler)):
+            points += 1
+        elif isinstance(node, ast.BoolOp):
+            points += len(node.values) - 1
+        elif isinstance(node, ast.comprehension):
+            points += 1 + len(node.ifs)
+        stack.extend(ast.iter_child_nodes(node))
+    return points
+
+
+def _find(src: Path, qualified: str) -> ast.AST | None:
+    file, _, name = qualified.partition(":")
+    path = src / file
+    if not path.exists():
+        return None
+    tree = ast.parse(path.read_text())
+    scope: list[ast.stmt] = tree.body
+    node: ast.AST | None = None
+    for part in name.split("."):
+        node = next(
+            (
+                n
+                for n in scope
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part
+            ),
+            None,
+        )
+        if node is None:
+            return None
+        scope = node.body  # type: ignore[attr-defined]
+    return node
+
+
+def _trainer_files(src: Path) -> set[Path]:
+    return {src / f for f, _ in TRAINER_CLASSES if (src / f).exists()}
+
+
+def _self_writes(cls: ast.ClassDef) -> dict[str, set[str]]:
+    """{method: attributes assigned as self.x in it}; '<class>' holds class-level declarations."""
+    out: dict[str, set[str]] = {"<class>": set()}
+    for stmt in cls.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            out["<class>"].add(stmt.target.id)
+        elif isinstance(stmt, ast.Assign):
+            out["<class>"].update(t.id for t in stmt.targets if isinstance(t, ast.Name))
+        elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = out.setdefault(stmt.name, set())
+            for node in ast.walk(stmt):
+                targets: list[ast.expr] = []
+                if isinstance(node, ast.Assign):
+                    targets = list(node.targets)
+                elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+                    targets = [node.target]
+                elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+                    targets = [node.optional_vars]
+                for t in targets:
+                    for sub in ast.walk(t):
+                        if (
+                            isinstance(sub, ast.Attribute)
+                            and isinstance(sub.value, ast.Name)
+                            and sub.value.id == "self"
+                        ):
+                            names.add(sub.attr)
+    return out
+
+
+def _methods_and_properties(cls: ast.ClassDef) -> set[str]:
+    return {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def late_attributes(src: Path) -> tuple[set[str], set[str]]:
+    """(attributes first set outside __init__, attributes set in __init__) of the Trainer chain."""
+    in_init: set[str] = set()
+    elsewhere: set[str] = set()
+    methods: set[str] = set()
+    for file, cls_name in TRAINER_CLASSES:
+        cls = _find(src, f"{file}:{cls_name}")
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        methods |= _methods_and_properties(cls)
+        for method, names in _self_writes(cls).items():
+            if method != "<class>":  # a class-level constant is not state; a declaration is counted where written
+                (in_init if method == "__init__" else elsewhere).update(names)
+    elsewhere |= {a for a, _ in other_module_writes(src)}
+    # Methods assigned as callables in the class body are declarations of methods, not state.
+    return {a for a in elsewhere - in_init if a not in methods}, in_init
+
+
+def other_module_writes(src: Path) -> list[tuple[str, str]]:
+    """(attribute, file:line) of each write to a Trainer attribute outside the Trainer's files."""
+    sites: list[tuple[str, str]] = []
+    skip = _trainer_files(src)
+    for path in sorted(src.rglob("*.py")):
+        if path in skip:
+            continue
+        rel = path.relative_to(src)
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = list(node.targets)
+            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+                targets = [node.target]
+            elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+                targets = [node.optional_vars]
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "setattr"
+                and node.args
+                and isinstance(node.args[0], ast.Name)
+                and node.args[0].id == "trainer"
+            ):
+                name = node.args[1].value if isinstance(node.args[1], ast.Constant) else "?"
+                sites.append((str(name), f"{rel}:{node.lineno}"))
+            elif (
+                isinstance(node, ast.Attribute)
+                and node.attr == "__dict__"
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "trainer"
+            ):
+                sites.append(("__dict__", f"{rel}:{node.lineno}"))
+            for t in targets:
+                for sub in ast.walk(t):
+                    if (
+                        isinstance(sub, ast.Attribute)
+                        and isinstance(sub.value, ast.Name)
+                        and sub.value.id == "trainer"
+                        and isinstance(sub.ctx, ast.Store)
+                    ):
+                        sites.append((sub.attr, f"{rel}:{sub.lineno}"))
+    return sites
+
+
+def functions_taking_trainer(src: Path) -> list[str]:
+    skip = _trainer_files(src)
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        if path in skip:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                params = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
+                if "trainer" in params:
+                    found.append(f"{path.relative_to(src)}:{node.name}")
+    return found
+
+
+def main() -> None:
+    src = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / "src" / "trainwright"
+    epoch = _find(src, "loop/trainer.py:Trainer._run_epoch")
+    assert isinstance(epoch, ast.FunctionDef), "no Trainer._run_epoch"
+    lines = (epoch.end_lineno or epoch.lineno) - epoch.lineno + 1
+    print(f"_run_epoch: {lines} lines, {branch_points(epoch)} branch points")
+    total, counted, missing = 0, [], []
+    for name in STEP_PATH:
+        fn = _find(src, name)
+        if fn is None:
+            missing.append(name)
+            continue
+        points = branch_points(fn)
+        total += points
+        counted.append(f"{name.partition(':')[2]}={points}")
+    print(f"step path: {total} branch points over {len(counted)} functions")
+    print("  " + ", ".join(counted))
+    late, _ = late_attributes(src)
+    print(f"Trainer attributes first set outside __init__: {len(late)}")
+    print("  " + ", ".join(sorted(late)))
+    writes = other_module_writes(src)
+    modules = {site.partition(":")[0] for _, site in writes}
+    print(f"Trainer attribute writes from other modules: {len(writes)} sites in {len(modules)} modules")
+    for attr, site in writes:
+        print(f"  {site}: trainer.{attr}")
+    taking = functions_taking_trainer(src)
+    files = {t.partition(":")[0] for t in taking}
+    print(f"functions outside the Trainer's files taking `trainer`: {len(taking)} in {len(files)} files")
+
+
+if __name__ == "__main__":
+    main()
