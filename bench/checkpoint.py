@@ -83,8 +83,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from trainwright import Trainer, TrainingArguments
 from trainwright.core.events import TrainerCallback
-from trainwright.loop import checkpointing as training_checkpoint
 from trainwright.loop import resume as resume_rules
+from trainwright.loop.checkpointer import Checkpointer
 
 quiet()
 
@@ -482,7 +482,7 @@ def time_to_first_step(
     data.calls = 0
     prof = cProfile.Profile() if profile else None
     # What a resume spends finding, checking and loading the checkpoint: the two functions it calls.
-    reading = MethodTimer([(resume_rules, "resolve_resume_path"), (training_checkpoint, "restore")])
+    reading = MethodTimer([(resume_rules, "resolve_resume_path"), (Checkpointer, "restore")])
     with reading, contextlib.redirect_stdout(io.StringIO()):
         start, start_cpu = time.perf_counter(), time.process_time()
         if prof is not None:
@@ -494,7 +494,7 @@ def time_to_first_step(
         pstats.Stats(prof).sort_stats("cumulative").print_stats(20)
     if resume is not None and not all(reading.calls.values()):
         raise RuntimeError(
-            "the resume did not call resume.resolve_resume_path and training_checkpoint.restore: update the "
+            "the resume did not call resume.resolve_resume_path and Checkpointer.restore: update the "
             "MethodTimer targets to the Trainer's current resume path"
         )
     return {

@@ -15,15 +15,15 @@ import dist_job
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from trainwright.distributed import runtime as runtime_module
+from trainwright.distributed import engine as engine_module
 
 SYNCS: list[int] = []
 DDP: dict = {}
 
 
 def _counting_wrap(original):
-    def wrap(self, model, args=None):
-        wrapped = original(self, model, args)
+    def wrap(self, model):
+        wrapped = original(self, model)
         if isinstance(wrapped, torch.nn.parallel.DistributedDataParallel):
 
             def hook(state, bucket):
@@ -39,7 +39,7 @@ def _counting_wrap(original):
 
 def main(cfg: dict) -> None:
     torch.set_num_threads(1)
-    runtime_module.Runtime.wrap_model = _counting_wrap(runtime_module.Runtime.wrap_model)
+    engine_module.Engine.wrap = _counting_wrap(engine_module.Engine.wrap)
     rank = int(os.environ.get("RANK", "0"))
     for task in cfg["tasks"]:
         SYNCS.clear()

@@ -419,6 +419,39 @@ def test_empty_device_cache_calls_the_device_backend(monkeypatch):
     assert called == ["cuda", "mps"]
 
 
+def test_torch_empty_cache_steps_after_each_training_forward(make_args, monkeypatch):
+    """Every micro-batch of the steps whose global_step is a multiple of N empties the cache after its
+    forward and before its backward (a forward hook of the run, off when the run ends); evaluation
+    forwards do not."""
+    calls: list[tuple[int, bool]] = []
+    model = DropoutMLP()
+
+    def record(device, collect_garbage=False):
+        grads = model.net[0].weight.grad
+        calls.append((trainer.state.global_step, grads is None or not grads.any()))
+
+    monkeypatch.setattr(device_cache, "empty_device_cache", record)
+    args = make_args(
+        torch_empty_cache_steps=2,
+        max_steps=4,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        eval_strategy="steps",
+        eval_steps=1,
+    )
+    data = VectorDataset(n=64)
+    trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data)
+    trainer.train()
+    # steps 0 and 2 (global_step before them), both micro-batches; the first micro-batch has no
+    # gradient yet (the backward comes after), and no evaluation forward counts
+    assert [step for step, _ in calls] == [0, 0, 2, 2]
+    assert [fresh for _, fresh in calls[::2]] == [True, True]
+    trainer.evaluate()
+    model.train()
+    model(torch.zeros(2, 8))
+    assert len(calls) == 4  # the hook came off with the run
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU")
 def test_torch_empty_cache_steps_on_cuda(make_args, monkeypatch, fresh_runtime):
     calls: list[int] = []

@@ -259,7 +259,7 @@ def test_save_checkpoint_async_writes_what_the_manager_writes(tmp_path):
         def load(self, folder):
             pass
 
-    assert not save_checkpoint_async(writer, manager, out, "checkpoint-4", {**parts, "x": Unstaged()})
+    assert not save_checkpoint_async(writer, manager, out, "checkpoint-4", {**parts, "deepspeed": Unstaged()})
     assert not writer.pending and not os.path.exists(os.path.join(out, "checkpoint-4"))
 
 
@@ -743,7 +743,7 @@ class _SlowWrites:
     def __init__(self, monkeypatch, delay: float = 0.15) -> None:
         from trainwright.checkpoint.manager import CheckpointManager
 
-        real = CheckpointManager._write
+        real = CheckpointManager.write_state
         self.threads: set[str] = set()
         self.running = self.most = 0
         lock = threading.Lock()
@@ -761,7 +761,7 @@ class _SlowWrites:
                 with lock:
                     self.running -= 1
 
-        monkeypatch.setattr(CheckpointManager, "_write", slow)
+        monkeypatch.setattr(CheckpointManager, "write_state", slow)
 
 
 def test_on_save_fires_once_per_checkpoint_when_it_is_durable(tmp_path, monkeypatch):
@@ -776,7 +776,7 @@ def test_on_save_fires_once_per_checkpoint_when_it_is_durable(tmp_path, monkeypa
             self.trainer = None
 
         def on_step_end(self, args, state, control, **kw):
-            writer = self.trainer._checkpoint_writer
+            writer = self.trainer._run.checkpointer.writer
             if writer is not None and writer.pending:
                 steps_while_writing.append(state.global_step)
 
@@ -795,7 +795,7 @@ def test_on_save_fires_once_per_checkpoint_when_it_is_durable(tmp_path, monkeypa
     assert all(live >= saved for saved, live, _ in seen)
     assert steps_while_writing  # training went on while a checkpoint was written
     assert slow.most == 1 and slow.threads == {"trainwright-checkpoint-writer"}
-    assert not trainer._checkpoint_writer.pending  # train() returned with the last one durable
+    assert not trainer._run.checkpointer.writer.pending  # train() returned with the last one durable
     assert sorted(e for e in os.listdir(tmp_path) if not e.startswith(".")) == ["checkpoint-8"]  # rotated
 
 
@@ -814,7 +814,7 @@ def test_save_model_and_load_best_model_wait_for_the_pending_checkpoint(tmp_path
 
         def on_step_end(self, args, state, control, **kw):
             if state.global_step == 3:  # checkpoint-2 is being written
-                pending = self.trainer._checkpoint_writer.pending
+                pending = self.trainer._run.checkpointer.writer.pending
                 self.trainer.save_model(os.path.join(args.output_dir, "exported"))
                 observed.append(
                     (pending, ckpt.verify_checkpoint(os.path.join(args.output_dir, "checkpoint-2")))
@@ -880,7 +880,7 @@ def test_an_exception_in_the_loop_finishes_the_pending_write(tmp_path, monkeypat
     assert ckpt.verify_checkpoint(tmp_path / "checkpoint-2") == []
     assert ckpt.get_last_checkpoint(tmp_path) == str(tmp_path / "checkpoint-2")
     assert [e for e in os.listdir(tmp_path) if ".tmp-" in e] == []
-    assert not trainer._checkpoint_writer.pending
+    assert not trainer._run.checkpointer.writer.pending
     trainer.remove_callback(Boom)
     trainer.train(resume_from_checkpoint=True)  # the lock was released, the checkpoint resumes
     assert trainer.state.global_step == 6
@@ -935,7 +935,7 @@ def test_a_subclass_overriding_a_save_hook_saves_synchronously(tmp_path, caplog)
     assert calls == [threading.current_thread().name] * 2
     said = [r.getMessage() for r in caplog.records if "written synchronously" in r.getMessage()]
     assert len(said) == 1 and "overrides _save" in said[0]  # once, naming the hook
-    assert trainer._checkpoint_writer is None
+    assert trainer._run.checkpointer.writer is None
 
 
 _RESUME_JOB = textwrap.dedent(

@@ -562,12 +562,14 @@ def test_fsdp_auto_wrap_errors_name_the_setting():
 
 
 def test_one_process_with_fsdp_trains_unsharded(make_args, caplog):
+    from trainwright.distributed.engine import Engine, build_engine
     from trainwright.distributed.runtime import get_runtime
 
     runtime = get_runtime(use_cpu=True)
     model = dist_job.build_model("mlp")
-    with caplog.at_level("WARNING", logger="trainwright.distributed.runtime"):
-        assert runtime.world_size == 1 and runtime.wrap_model(model, make_args(fsdp="full_shard")) is model
+    with caplog.at_level("WARNING", logger="trainwright.distributed.engine"):
+        engine = build_engine(make_args(fsdp="full_shard"), runtime, model)
+    assert runtime.world_size == 1 and type(engine) is Engine and engine.wrap(model) is model
     assert "this is one process: training without sharding" in caplog.text
 
 

@@ -435,7 +435,7 @@ def test_transformers_model_trains_and_loss_falls(make_args):
 
 
 def test_unlogged_losses_are_folded_into_train_loss(make_args, monkeypatch):
-    import trainwright.loop.trainer as trainer_module
+    import trainwright.loop.run as run_module
 
     def run(**kw):
         args = make_args(per_device_train_batch_size=4, max_steps=10, **kw)
@@ -443,8 +443,49 @@ def test_unlogged_losses_are_folded_into_train_loss(make_args, monkeypatch):
         return trainer, trainer.train()
 
     _, logged = run(logging_steps=1)
-    monkeypatch.setattr(trainer_module, "_MAX_UNLOGGED_STEPS", 3)
+    monkeypatch.setattr(run_module, "MAX_UNLOGGED_STEPS", 3)
     trainer, folded = run(logging_strategy="no")
     assert folded.training_loss == pytest.approx(logged.training_loss, rel=1e-6)
     assert not [r for r in trainer.state.log_history if "loss" in r]
     assert trainer.cursor.steps_since_log == 0
+
+
+def test_label_smoothing_with_accumulation_equals_the_full_batch(make_args):
+    """Label smoothing divides by the step's items itself, whatever the model takes: the accumulated
+    step must not weight its micro-batches' losses a second time."""
+    data = PaddedLM()
+    full = _one_step(MeanTokenLM, make_args, data, bs=8, ga=1, label_smoothing_factor=0.1)
+    acc = _one_step(MeanTokenLM, make_args, data, bs=2, ga=4, label_smoothing_factor=0.1)
+    _assert_same(full, acc)
+
+
+def test_a_compute_loss_override_is_scaled_by_the_declared_facts(make_args):
+    """Which loss is already `sum / N` follows from declared facts only (as upstream's
+    model_accepts_loss_kwargs), not from what the default compute_loss did: an override that hands
+    num_items_in_batch to a model that divides by it gives the full batch's update."""
+
+    class Override(Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            outputs = model(**inputs, num_items_in_batch=num_items_in_batch)
+            return (outputs["loss"], outputs) if return_outputs else outputs["loss"]
+
+    def tiny():
+        return TinyGPT(
+            TinyGPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, dropout=0.0)
+        )
+
+    data = PaddedLM()
+    full = _one_step(tiny, make_args, data, bs=8, ga=1)
+    torch.manual_seed(0)
+    model = tiny()
+    args = make_args(
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=4,
+        max_steps=1,
+        optim="sgd",
+        learning_rate=1.0,
+        max_grad_norm=0,
+        train_sampling_strategy="sequential",
+    )
+    Override(model=model, args=args, train_dataset=data).train()
+    _assert_same(full, {k: v.detach() for k, v in model.state_dict().items()})

@@ -54,7 +54,9 @@ MOVED: dict[str, str] = {
     "trainwright.tinygpt": "trainwright.app.tinygpt",
     "trainwright.train_script": "trainwright.app.train_script",
     "trainwright.trainer": "trainwright.loop.trainer",
-    "trainwright.training_checkpoint": "trainwright.loop.checkpointing",
+    "trainwright.training_checkpoint": "trainwright.loop.checkpoint_parts",
+    "trainwright.loop.checkpointing": "trainwright.loop.checkpoint_parts",
+    "trainwright.loop.async_saves": "trainwright.loop.checkpointer",
 }
 
 

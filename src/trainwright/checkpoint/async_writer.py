@@ -45,7 +45,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from trainwright.checkpoint.files import CheckpointError
 from trainwright.checkpoint.folder import rotate_checkpoints, write_checkpoint
-from trainwright.checkpoint.manager import FILES, CheckpointManager
+from trainwright.checkpoint.manager import CheckpointManager, is_stateful_part
 from trainwright.checkpoint.snapshot import SnapshotBuffers
 
 __all__ = [
@@ -286,7 +286,7 @@ def save_checkpoint_async(
     write (`writer.poll` / `wait`). Returns False, having done nothing, when a folder part can't be
     staged (it has no `stage`): then save synchronously.
     """
-    folder_parts = {n: p for n, p in parts.items() if n not in FILES}
+    folder_parts = {n: p for n, p in parts.items() if not is_stateful_part(n)}
     if not all(isinstance(p, StagedPart) for p in folder_parts.values()):
         return False
     writer.wait()  # the previous write (and its rotation) first; its buffers are reused below
@@ -300,7 +300,7 @@ def save_checkpoint_async(
                 if part_name in folder_parts:
                     part.save_staged(tmp, copy["staged"][part_name], group)
                 elif part_name in copy["states"]:
-                    manager._write(tmp, part_name, copy["states"][part_name])
+                    manager.write_state(tmp, part_name, copy["states"][part_name])
 
         return write_checkpoint(run_dir, name, write_files, runtime=collectives)
 

@@ -312,10 +312,7 @@ def write_checkpoint(
     every exit path (KeyboardInterrupt and SystemExit included), and earlier checkpoints are untouched.
     """
     output_dir = os.fspath(output_dir)
-    if not name or name != os.path.basename(name) or name.startswith(".") or os.sep in name or "/" in name:
-        raise ValueError(
-            f"write_checkpoint: name must be a plain folder name like 'checkpoint-500', got {name!r}"
-        )
+    _check_name(name)
     if runtime is None and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise ValueError(
             "write_checkpoint: pass runtime= when several processes save together (WORLD_SIZE > 1)"
@@ -328,58 +325,15 @@ def write_checkpoint(
         # Every rank learns rank 0's outcome; this is also the barrier between the phases.
         return value if world_size == 1 else runtime.broadcast_object(value, src=0)
 
-    tmp, setup_error = None, None
-    if rank == 0:
-        try:
-            if os.path.exists(final) and not os.path.isdir(final):
-                raise NotADirectoryError(20, "exists and is not a folder", final)
-            os.makedirs(output_dir, exist_ok=True)
-            clean_checkpoint_leftovers(output_dir)
-            tmp = os.path.join(output_dir, f".{name}.tmp-{_token()}")
-            os.mkdir(tmp)
-        except OSError as exc:
-            setup_error = _failure(output_dir, name, exc)
-        except BaseException:  # KeyboardInterrupt / SystemExit: no hidden folder is left behind
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    tmp, setup_error = from_rank0((tmp, setup_error))
+    tmp, setup_error = from_rank0(_make_tmp(output_dir, name, final) if rank == 0 else (None, None))
     if setup_error:
         raise CheckpointError(setup_error)
-
-    own_error: BaseException | None = None
-    try:
-        if rank != 0:  # normally a no-op: rank 0 created it on the shared filesystem
-            os.makedirs(tmp, exist_ok=True)
-        with deferred_fsync() as pending:
-            write_fn(tmp)
-        if rank != 0:  # rank 0 flushes the whole folder when it commits
-            for path in pending:
-                fsync_file(path)
-    except Exception as exc:
-        own_error = exc
-    except BaseException:
-        if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    own_error = _write_files(write_fn, tmp, rank)
     statuses = [None if own_error is None else _failure(output_dir, name, own_error, tmp)]
     if world_size > 1:
         statuses = runtime.all_gather_object(statuses[0])
     errors = [f"rank {r}: {s}" if world_size > 1 else s for r, s in enumerate(statuses) if s]
-
-    commit_error = None
-    if rank == 0:
-        if errors:
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            try:
-                _commit(output_dir, tmp, final, name)
-            except BaseException as exc:  # any exit path (Ctrl-C included) removes the hidden folder
-                if isinstance(exc, Exception) and is_write_error(exc):
-                    commit_error = _failure(output_dir, name, exc, tmp)
-                shutil.rmtree(tmp, ignore_errors=True)
-                if commit_error is None:
-                    raise
+    commit_error = _commit_or_discard(output_dir, tmp, final, name, bool(errors)) if rank == 0 else None
     if errors:
         if own_error is not None and not is_write_error(own_error):
             raise own_error
@@ -389,3 +343,70 @@ def write_checkpoint(
     if commit_error:
         raise CheckpointError(commit_error)
     return final
+
+
+def _check_name(name: str) -> None:
+    if not name or name != os.path.basename(name) or name.startswith(".") or os.sep in name or "/" in name:
+        raise ValueError(
+            f"write_checkpoint: name must be a plain folder name like 'checkpoint-500', got {name!r}"
+        )
+
+
+def _make_tmp(output_dir: str, name: str, final: str) -> tuple[str | None, str | None]:
+    """Rank 0: the hidden folder the files are written into, or the error that prevents it."""
+    tmp = None
+    try:
+        if os.path.exists(final) and not os.path.isdir(final):
+            raise NotADirectoryError(20, "exists and is not a folder", final)
+        os.makedirs(output_dir, exist_ok=True)
+        clean_checkpoint_leftovers(output_dir)
+        tmp = os.path.join(output_dir, f".{name}.tmp-{_token()}")
+        os.mkdir(tmp)
+    except OSError as exc:
+        return None, _failure(output_dir, name, exc)
+    except BaseException:  # KeyboardInterrupt / SystemExit: no hidden folder is left behind
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp, None
+
+
+def _write_files(write_fn: Callable[[str], Any], tmp: str, rank: int) -> Exception | None:
+    """This rank's files into `tmp` (fsynced on other ranks; rank 0 flushes the folder when it
+    commits); the error, or None. Ctrl-C and exits remove the folder (rank 0) and propagate."""
+    try:
+        if rank != 0:  # normally a no-op: rank 0 created it on the shared filesystem
+            os.makedirs(tmp, exist_ok=True)
+        with deferred_fsync() as pending:
+            write_fn(tmp)
+        if rank != 0:
+            for path in pending:
+                fsync_file(path)
+    except Exception as exc:
+        return exc
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return None
+
+
+def _commit_or_discard(output_dir: str, tmp: str, final: str, name: str, failed: bool) -> str | None:
+    """Rank 0: rename the hidden folder into place (or remove it when a rank failed); a write error
+    of the commit, or None. The hidden folder never outlives a failure, Ctrl-C included."""
+    if failed:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return None
+    try:
+        _commit(output_dir, tmp, final, name)
+    except BaseException as exc:
+        message = (
+            _failure(output_dir, name, exc, tmp)
+            if isinstance(exc, Exception) and is_write_error(exc)
+            else None
+        )
+        shutil.rmtree(tmp, ignore_errors=True)  # any exit path (Ctrl-C included) removes the hidden folder
+        if message is None:
+            raise
+        return message
+    return None

@@ -1,12 +1,12 @@
 """A checkpoint is a mapping of parts, `{name: part}`, written into one folder atomically and read back.
 
-The caller (the Trainer) says what a checkpoint holds by the mapping it hands over; this module says
-how each name is stored, so the layout of docs/design.md lives in one table (`FILES`), as torchtitan's
-`CheckpointManager(states)` does for its states:
+The caller (the Trainer's checkpointer) says what a checkpoint holds by the mapping it hands over;
+where each name is stored is the row of `layout.PARTS`, as torchtitan's `CheckpointManager(states)`
+does for its states:
 
-* a **Stateful** part (`state_dict()` / `load_state_dict()`) under a name of `FILES` is written from
-  its state dict: `optimizer.pt`, `scheduler.pt`, `scaler.pt` (`torch.save`, read back weights-only),
-  `rng_state.pth` / `rng_state_<rank>.pth` (every process its own), `data_state.json`,
+* a **Stateful** part (`state_dict()` / `load_state_dict()`) of a "torch" or "json" row is written
+  from its state dict: `optimizer.pt`, `scheduler.pt`, `scaler.pt` (`torch.save`, read back
+  weights-only), `rng_state.pth` / `rng_state_<rank>.pth` (every process its own), `data_state.json`,
   `trainer_state.json`;
 * a **FolderPart** (`save(folder)` / `load(folder)`) writes files of its own format: the model's
   weights (safetensors / `save_pretrained`), FSDP's DCP folders, DeepSpeed's engine checkpoint. It is
@@ -16,28 +16,21 @@ how each name is stored, so the layout of docs/design.md lives in one table (`FI
 written, then writes the snapshot and the folder parts inside `write_checkpoint`'s hidden folder
 (renamed into place when every process is done) and rotates old checkpoints. The snapshot is the
 seam for an asynchronous writer: everything after it reads only the snapshot and the folder parts.
+
+`load` restores the same kind of mapping: every part's own `check(saved, folder)` runs first (a
+resume that does not fit is refused before anything is loaded), then each part loads, in the table's
+order; a part whose file is absent is skipped, or told so (`load_absent(folder)`).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from trainwright.checkpoint.files import (
-    DATA_STATE_NAME,
-    OPTIMIZER_NAME,
-    RNG_STATE_NAME,
-    SCALER_NAME,
-    SCHEDULER_NAME,
-    TRAINER_STATE_NAME,
-    read_json,
-    safe_torch_load,
-    save_torch_state,
-    write_json,
-)
+from trainwright.checkpoint.files import read_json, safe_torch_load, save_torch_state, write_json
 from trainwright.checkpoint.folder import rotate_checkpoints, write_checkpoint
+from trainwright.checkpoint.layout import PARTS, spec
 from trainwright.checkpoint.rng import load_rng_state, rng_state_file
 
 
@@ -73,24 +66,9 @@ class Processes(Protocol):
     def all_gather_object(self, obj: Any) -> list[Any]: ...
 
 
-@dataclass(frozen=True)
-class PartFile:
-    """Where a Stateful part is stored: one file, torch (weights-only) or JSON, written by the main
-    process or by every process (then named per rank)."""
-
-    name: str
-    kind: str  # "torch" | "json"
-    every_process: bool = False
-
-
-FILES: dict[str, PartFile] = {
-    "optimizer": PartFile(OPTIMIZER_NAME, "torch"),
-    "scheduler": PartFile(SCHEDULER_NAME, "torch"),
-    "scaler": PartFile(SCALER_NAME, "torch"),
-    "rng": PartFile(RNG_STATE_NAME, "torch", every_process=True),
-    "data_state": PartFile(DATA_STATE_NAME, "json"),
-    "trainer_state": PartFile(TRAINER_STATE_NAME, "json"),
-}
+def is_stateful_part(name: str) -> bool:
+    """Whether part `name` is a state dict in one file (else the part saves and loads itself)."""
+    return spec(name).stateful
 
 
 class CheckpointManager:
@@ -101,14 +79,14 @@ class CheckpointManager:
         self.runtime, self.main = runtime, main
 
     def path(self, folder: str, name: str) -> str:
-        """The file of Stateful part `name` in a checkpoint folder (this process's, for per-process files)."""
-        spec = FILES[name]
-        if spec.every_process:
+        """The file of part `name` in a checkpoint folder (this process's, for per-process files)."""
+        row = spec(name)
+        if row.every_process:
             return rng_state_file(folder, self.runtime.rank, self.runtime.world_size)
-        return os.path.join(folder, spec.name)
+        return os.path.join(folder, row.file)
 
     def has(self, folder: str, name: str) -> bool:
-        return os.path.isfile(self.path(folder, name))
+        return os.path.exists(self.path(folder, name))
 
     # -- writing ---------------------------------------------------------------------------------
     def snapshot(self, parts: Mapping[str, Any]) -> dict[str, Any]:
@@ -116,7 +94,7 @@ class CheckpointManager:
         return {
             name: part.state_dict()
             for name, part in parts.items()
-            if name in FILES and (self.main or FILES[name].every_process)
+            if is_stateful_part(name) and (self.main or spec(name).every_process)
         }
 
     def save(
@@ -130,19 +108,14 @@ class CheckpointManager:
     ) -> str:
         """Write `parts` as `run_dir/name` atomically (every process calls it), then rotate the run's
         checkpoints to `save_total_limit`, never deleting `best_checkpoint`; returns the folder."""
-        unknown = [n for n, p in parts.items() if n not in FILES and not isinstance(p, FolderPart)]
-        if unknown:
-            raise TypeError(
-                f"checkpoint parts {unknown}: not a file of FILES and no save(folder)/load(folder)"
-            )
         states = self.snapshot(parts)
 
         def write(tmp: str) -> None:
             for part_name, part in parts.items():
-                if part_name not in FILES:
+                if not is_stateful_part(part_name):
                     part.save(tmp)
                 elif part_name in states:
-                    self._write(tmp, part_name, states[part_name])
+                    self.write_state(tmp, part_name, states[part_name])
 
         path = write_checkpoint(run_dir, name, write, runtime=self.runtime)
         if self.main and save_total_limit is not None:
@@ -150,9 +123,10 @@ class CheckpointManager:
         self.runtime.barrier()
         return path
 
-    def _write(self, folder: str, name: str, state: Any) -> None:
+    def write_state(self, folder: str, name: str, state: Any) -> None:
+        """One Stateful part's file from its state dict (the writer thread calls it too)."""
         path = self.path(folder, name)
-        if FILES[name].kind == "json":
+        if spec(name).kind == "json":
             write_json(path, state)
         else:
             save_torch_state(state, path)
@@ -161,17 +135,44 @@ class CheckpointManager:
     def read(self, folder: str, name: str) -> Any:
         """The saved state of Stateful part `name` (a `CheckpointError` names a missing or damaged file)."""
         path = self.path(folder, name)
-        return read_json(path) if FILES[name].kind == "json" else safe_torch_load(path)
+        return read_json(path) if spec(name).kind == "json" else safe_torch_load(path)
 
     def load(self, folder: str, parts: Mapping[str, Any]) -> None:
-        """Put each part's saved state back. RNG state that is missing warns (deleting the file is how
-        a resume opts out of it); any other missing file is an error."""
+        """Put each part's saved state back: every part's `check(saved, folder)` first, then each
+        part's load in the table's order. A Stateful part whose file is absent is skipped (or its
+        `load_absent(folder)` runs); a folder part loads itself. RNG state that is missing warns
+        (deleting the file is how a resume opts out of it)."""
+        saved = {
+            name: self.read(folder, name)
+            for name, part in parts.items()
+            if is_stateful_part(name) and name != "rng" and not _loads_itself(part) and self.has(folder, name)
+        }
         for name, part in parts.items():
-            if name not in FILES:
-                part.load(folder)
-            elif name == "rng":  # transformers' RNG files too; a damaged one is an error naming it
-                load_rng_state(
-                    folder, self.runtime.rank, self.runtime.world_size, restore=part.load_state_dict
-                )
-            else:
-                part.load_state_dict(self.read(folder, name))
+            check = getattr(part, "check", None)
+            if callable(check):
+                check(saved.get(name), folder)
+        for name in sorted(parts, key=_table_order):
+            self._load_one(folder, name, parts[name], saved)
+
+    def _load_one(self, folder: str, name: str, part: Any, saved: dict[str, Any]) -> None:
+        if _loads_itself(part):
+            part.load(folder)
+        elif name == "rng":  # transformers' RNG files too; a damaged one is an error naming it
+            load_rng_state(folder, self.runtime.rank, self.runtime.world_size, restore=part.load_state_dict)
+        elif name in saved:
+            part.load_state_dict(saved[name])
+        elif callable(getattr(part, "load_absent", None)):
+            part.load_absent(folder)
+
+
+def _loads_itself(part: Any) -> bool:
+    """A part with `load(folder)` reads its own files when restored (a Stateful part too, e.g. RNG
+    state restored through the Trainer's overridable `_load_rng_state`)."""
+    return callable(getattr(part, "load", None))
+
+
+_ORDER = {name: i for i, name in enumerate(PARTS)}
+
+
+def _table_order(name: str) -> int:
+    return _ORDER.get(name, len(_ORDER))

@@ -3,8 +3,9 @@ checksums of every file), and the files a resume needs, present and readable, be
 
 * `verify_checkpoint(path) -> list[str]`: problems (missing files, sizes or checksums that differ from
   the manifest, symbolic links); an empty list means complete.
-* `check_checkpoint_files(path, need=(...), *, rank=0, world_size=1) -> list[str]`: the files a resume
-  needs, present and readable (JSON parses, archives and safetensors headers intact).
+* `check_checkpoint_files(path, need=(...), *, rank=0, world_size=1) -> list[str]`: the parts a resume
+  needs (names of `layout.PARTS`), present and readable (JSON parses, archives and safetensors
+  headers intact).
 * `file_checksum(path)`: the checksum the manifest records (`CHECKSUM_ALGORITHM`).
 """
 
@@ -16,14 +17,9 @@ from collections.abc import Iterable
 
 from trainwright.checkpoint.files import (
     CHECKPOINT_COMPLETE_NAME,
-    DATA_STATE_NAME,
-    OPTIMIZER_NAME,
     PT_WEIGHTS_INDEX_NAME,
     PT_WEIGHTS_NAME,
-    SCALER_NAME,
-    SCHEDULER_NAME,
     TRAINER_STATE_NAME,
-    TRAINING_ARGS_NAME,
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
     CheckpointError,
@@ -31,6 +27,7 @@ from trainwright.checkpoint.files import (
     read_json,
     torch_file_problem,
 )
+from trainwright.checkpoint.layout import PARTS, PartSpec
 from trainwright.checkpoint.rng import rng_state_file
 from trainwright.checkpoint.weights import safetensors_problem
 
@@ -136,9 +133,6 @@ def verify_checkpoint(path: str | os.PathLike, checksums: bool = True) -> list[s
     return problems
 
 
-NEEDS = ("model", "optimizer", "scheduler", "scaler", "trainer_state", "training_args", "data_state", "rng")
-
-
 def check_checkpoint_files(
     path: str | os.PathLike,
     need: Iterable[str] = ("model", "optimizer", "scheduler", "trainer_state"),
@@ -146,46 +140,46 @@ def check_checkpoint_files(
     rank: int = 0,
     world_size: int = 1,
 ) -> list[str]:
-    """Which of the files a resume needs are missing or damaged, each message naming file and folder.
+    """Which of the parts a resume needs are missing or damaged, each message naming file and folder.
 
-    `need` items: "model", "optimizer", "scheduler", "scaler", "trainer_state", "training_args",
-    "data_state", "rng" (this rank's file). Checks are cheap (no tensor is loaded): JSON parses,
+    `need`: part names of `layout.PARTS` ("model", "optimizer", "scheduler", "scaler", "trainer_state",
+    "data_state", "rng" (this rank's file), ...). Checks are cheap (no tensor is loaded): JSON parses,
     `torch.save` archives have an intact zip directory, safetensors sizes match their headers.
     """
     need = list(need)
-    unknown = [n for n in need if n not in NEEDS]
+    unknown = [n for n in need if n not in PARTS]
     if unknown:
-        raise ValueError(f"check_checkpoint_files: unknown need {unknown}; choose from {list(NEEDS)}")
+        raise ValueError(f"check_checkpoint_files: unknown need {unknown}; choose from {list(PARTS)}")
     path = os.fspath(path)
     if not os.path.isdir(path):
         return [f"checkpoint folder {path} does not exist"]
     problems = verify_checkpoint(path) if os.path.exists(os.path.join(path, CHECKPOINT_COMPLETE_NAME)) else []
-    torch_files = {"optimizer": OPTIMIZER_NAME, "scheduler": SCHEDULER_NAME, "scaler": SCALER_NAME}
-    json_files = {
-        "trainer_state": TRAINER_STATE_NAME,
-        "training_args": TRAINING_ARGS_NAME,
-        "data_state": DATA_STATE_NAME,
-    }
     for item in need:
-        if item == "model":
-            found = _weights_problems(path)
-            if not found:
-                shards = [WEIGHTS_NAME] if os.path.isfile(os.path.join(path, WEIGHTS_NAME)) else []
-                index = os.path.join(path, WEIGHTS_INDEX_NAME)
-                if os.path.isfile(index):
-                    shards = sorted(set(read_json(index)["weight_map"].values()))
-                found = [p for s in shards if (p := safetensors_problem(os.path.join(path, s)))]
-            problems += found
-        elif item in torch_files:
-            problems += [p for p in [torch_file_problem(os.path.join(path, torch_files[item]))] if p]
-        elif item in json_files:
-            try:
-                read_json(os.path.join(path, json_files[item]))
-            except CheckpointFileNotFoundError:
-                problems.append(f"{json_files[item]} is missing")
-            except CheckpointError as exc:
-                problems.append(str(exc))
-        else:
-            rng = rng_state_file(path, rank, world_size)
-            problems += [p for p in [torch_file_problem(rng)] if p]
+        problems += _part_problems(path, PARTS[item], rank, world_size)
     return [p if path in p else f"{p} (in {path})" for p in dict.fromkeys(problems)]
+
+
+def _part_problems(path: str, row: PartSpec, rank: int, world_size: int) -> list[str]:
+    if row.kind == "weights":
+        return _weights_problems(path) or _shard_problems(path)
+    file = rng_state_file(path, rank, world_size) if row.every_process else os.path.join(path, row.file)
+    if row.kind == "torch":
+        return [p for p in [torch_file_problem(file)] if p]
+    if row.kind == "json":
+        try:
+            read_json(file)
+        except CheckpointFileNotFoundError:
+            return [f"{row.file} is missing"]
+        except CheckpointError as exc:
+            return [str(exc)]
+        return []
+    return [] if os.path.exists(file) else [f"{row.file} is missing"]
+
+
+def _shard_problems(path: str) -> list[str]:
+    """Safetensors files whose sizes do not match their headers."""
+    shards = [WEIGHTS_NAME] if os.path.isfile(os.path.join(path, WEIGHTS_NAME)) else []
+    index = os.path.join(path, WEIGHTS_INDEX_NAME)
+    if os.path.isfile(index):
+        shards = sorted(set(read_json(index)["weight_map"].values()))
+    return [p for s in shards if (p := safetensors_problem(os.path.join(path, s)))]

@@ -1,38 +1,62 @@
-"""The engine: how one backend runs the parts of a training step that differ between backends, and
-checkpoints its model and optimizer.
+"""The engine: one backend, decided once per run. It wraps the model, builds the optimizer around
+it, runs the parts of a training step that differ between backends, and says how its model and
+optimizer state are checkpointed.
 
 The loop calls the same few methods whatever the backend, so it has no backend branches:
 
+* `wrap(model)`: DDP over several processes, FSDP2's `fully_shard`, or the model itself;
+* `start(maker, max_steps, wrapped)`: the optimizer and schedule (through the Trainer's overridable
+  `create_optimizer_and_scheduler`, or DeepSpeed's engine around them), `torch.compile`, ready to step;
 * `accumulate(skip_sync)`: the context of one micro-batch's forward+backward (no gradient sync on
   accumulation micro-steps; DeepSpeed is told the boundary instead);
 * `backward(loss)`; `clip()` -> the gradient norm (None when not clipped here);
 * `step(grad_norm)` -> (applied, grad norm): False when fp16 loss scaling skipped the update;
+* `collective_forward`: whether every process must run each forward (a sharded model gathers its
+  parameters in it), so evaluation runs a forward on a batch it then drops;
 * `full_state_dict(on_every_rank)`: consolidated weights, or None where the module holds them all;
-* `checkpoint_parts(optimizer)`: the model/optimizer state in the backend's own format, as parts of
-  the checkpoint mapping (`trainwright.checkpoint.manager`); `load(folder, optimizer)` reads them back.
+* `checkpoint_parts(optimizer, restore_from=None)`: the model/optimizer state in the backend's own
+  format, as parts of the checkpoint mapping (`trainwright.checkpoint.manager`), for a save or for
+  restoring a given folder.
 
 Three implementations: `Engine` (one process or DDP, optional fp16 `GradScaler`, LOMO's fused
 backward), `FSDPEngine` (FSDP2: DCP folders), `DeepSpeedEngine` (`deepspeed.py`'s `DeepSpeedRun`).
-`build_engine` picks one from the arguments and the wrapped model.
+`build_engine` picks one from the arguments; a new engine is a subclass plus its line there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
 
 from trainwright.checkpoint.files import SCHEDULER_NAME, WEIGHTS_NAME
+from trainwright.checkpoint.weights import load_model_weights
 from trainwright.distributed import fsdp
 from trainwright.distributed.deepspeed import DeepSpeedRun
-from trainwright.distributed.runtime import Runtime
 from trainwright.optim.extra import is_fused_backward, lomo_backward
 
+logger = logging.getLogger(__name__)
+
 _NO_CONTEXT = contextlib.nullcontext()  # reusable: nullcontext keeps no state
+
+
+class OptimizerMaker(Protocol):
+    """The Trainer's overridable optimizer hooks, as an engine calls them."""
+
+    optimizer: torch.optim.Optimizer | None
+
+    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None: ...
+
+    def create_optimizer(self) -> torch.optim.Optimizer: ...
+
+    def create_scheduler(
+        self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None
+    ) -> Any: ...
 
 
 class Engine:
@@ -42,13 +66,12 @@ class Engine:
     `optimizer` the torch optimizer the schedule drives (`Trainer.optimizer`).
     """
 
-    owns_optimizer = False  # True: the engine builds the optimizer around the model (`start`)
-    plain_boundary = True  # `accumulate(False)` does nothing: the loop may skip the call
     deepspeed: Any = None  # DeepSpeed's engine object, where one runs
+    collective_forward = False
 
-    def __init__(self, args: Any, runtime: Runtime, module: nn.Module, wrapped: nn.Module) -> None:
+    def __init__(self, args: Any, runtime: Any, module: nn.Module) -> None:
         self.args, self.runtime, self.module = args, runtime, module
-        self.model: nn.Module = wrapped
+        self.model: nn.Module = module
         self.optimizer: torch.optim.Optimizer | None = None
         self.scaler = runtime.grad_scaler(bool(args.fp16))
         max_norm = args.max_grad_norm
@@ -60,28 +83,60 @@ class Engine:
         self._parameters: list[nn.Parameter] = []
         self._own_clip: Callable[[float], torch.Tensor] | None = None
 
-    def start(
-        self, optimizer: torch.optim.Optimizer | None, create_optimizer: Callable[[], torch.optim.Optimizer]
-    ) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """For an engine that `owns_optimizer`: build it around the model and `optimizer` (made by
-        `create_optimizer` when None). Returns what forward runs on and the optimizer the schedule
-        drives; here the model as wrapped and the Trainer's optimizer."""
-        return self.model, optimizer if optimizer is not None else create_optimizer()
+    # -- set-up ------------------------------------------------------------------------------
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """The model as training runs it: DistributedDataParallel over several processes."""
+        if not self.runtime.distributed:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
 
-    def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """What forward runs on and what the schedule steps, once both exist (after wrapping,
-        compiling and creating the optimizer)."""
+        if isinstance(model, DistributedDataParallel):
+            return model
+        kwargs: dict[str, Any] = {}
+        for arg, option in (
+            ("ddp_find_unused_parameters", "find_unused_parameters"),
+            ("ddp_bucket_cap_mb", "bucket_cap_mb"),
+            ("ddp_broadcast_buffers", "broadcast_buffers"),
+            ("ddp_static_graph", "static_graph"),
+        ):
+            if getattr(self.args, arg, None) is not None:
+                kwargs[option] = getattr(self.args, arg)
+        device = self.runtime.device
+        device_ids = [device.index] if device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids, **kwargs)
+
+    def start(
+        self, maker: OptimizerMaker, max_steps: int, wrapped: nn.Module
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """The optimizer and schedule for `max_steps` (after wrapping: FSDP2 replaced the parameters),
+        then compile; returns what forward runs on and the optimizer the schedule drives."""
+        maker.create_optimizer_and_scheduler(num_training_steps=max_steps)
+        if maker.optimizer is None:
+            raise RuntimeError("create_optimizer_and_scheduler() did not create Trainer.optimizer.")
+        return self._ready(wrapped, maker.optimizer)
+
+    def _ready(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        args = self.args
+        if args.torch_compile:
+            # torch.compile of a module returns a module (OptimizedModule); torch types it as any callable
+            model = cast(
+                nn.Module,
+                torch.compile(model, backend=args.torch_compile_backend, mode=args.torch_compile_mode),
+            )
         self.model, self.optimizer = model, optimizer
         self._fused = is_fused_backward(optimizer)  # LOMO/AdaLOMO update the weights in the backward
         # Listed once: walking the modules for `model.parameters()` costs ~3 us on every step.
         self._parameters = list(model.parameters())
         self._own_clip = getattr(model, "clip_grad_norm_", None)  # FSDP owns its clipping
+        return model, optimizer
 
     # -- the step ----------------------------------------------------------------------------
     def accumulate(self, skip_sync: bool) -> contextlib.AbstractContextManager:
         """No gradient all-reduce on accumulation micro-steps (nothing to do on one process)."""
         if skip_sync and self._skip_sync:
-            return self.runtime.no_sync(self.model, skip_sync=True)
+            return _no_sync(self.model)
         return _NO_CONTEXT
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -97,7 +152,7 @@ class Engine:
         if self.max_grad_norm is None or self._fused:  # LOMO clipped inside its backward
             return None
         if self.scaler is not None:
-            assert self.optimizer is not None  # attached before training
+            assert self.optimizer is not None  # set by start()
             self.scaler.unscale_(self.optimizer)
         if self._own_clip is not None:
             return self._own_clip(self.max_grad_norm)
@@ -107,7 +162,7 @@ class Engine:
         """Step the optimizer: (applied, grad norm); not applied when the fp16 scaler skipped it."""
         if self._fused:
             return True, grad_norm  # LOMO stepped inside the backward
-        assert self.optimizer is not None  # attached before training
+        assert self.optimizer is not None  # set by start()
         if self.scaler is None:
             self.optimizer.step()
             return True, grad_norm
@@ -127,25 +182,24 @@ class Engine:
         rank calls it); None when the module's own state dict has them all."""
         return None
 
-    def checkpoint_parts(self, optimizer: bool) -> dict[str, Any]:
-        """This engine's parts of the checkpoint mapping when the optimizer is saved: here the torch
-        optimizer itself (`optimizer.pt`, written by the main process)."""
+    def checkpoint_parts(self, optimizer: bool, restore_from: str | None = None) -> dict[str, Any]:
+        """This engine's parts of the checkpoint mapping: here the torch optimizer itself
+        (`optimizer.pt`, main process), when the optimizer is saved or restored. A folder written by
+        FSDP2 (DCP) restores into any model, sharded or not (DCP reshards)."""
+        if restore_from is not None and fsdp.has_sharded_checkpoint(restore_from):
+            return {"sharded": _sharded_restore(self.module, self.optimizer, optimizer, restore_from)}
         return {"optimizer": self.optimizer} if optimizer else {}
-
-    def load(self, folder: str, optimizer: bool) -> bool:
-        """Load model (and optimizer) state written in a backend's own format; False when the folder
-        holds plain files (weights file, optimizer.pt) for the caller to load. DCP folders load into
-        any model, sharded or not (DCP reshards)."""
-        if not fsdp.has_sharded_checkpoint(folder):
-            return False
-        # DCP's optimizer state comes back with its schedule: without scheduler.pt only the weights do
-        with_optimizer = optimizer and os.path.isfile(os.path.join(folder, SCHEDULER_NAME))
-        fsdp.load_sharded(self.module, self.optimizer if with_optimizer else None, folder)
-        return True
 
 
 class FSDPEngine(Engine):
     """FSDP2 (`fully_shard`): weights and optimizer state are DCP folders written by every rank."""
+
+    collective_forward = True
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        if fsdp.is_sharded(model):
+            return model  # sharded by an earlier train() call
+        return fsdp.shard_model(model, self.args, self.runtime)
 
     @property
     def weights_in_own_format(self) -> bool:
@@ -154,21 +208,21 @@ class FSDPEngine(Engine):
     def full_state_dict(self, on_every_rank: bool = False) -> dict[str, torch.Tensor] | None:
         return fsdp.full_state_dict(self.module, on_every_rank=on_every_rank)
 
-    def checkpoint_parts(self, optimizer: bool) -> dict[str, Any]:
-        # the weights are always saved: without the optimizer only the model's DCP folder is written
-        return {"sharded": ShardedState(self.module, self.optimizer if optimizer else None)}
-
-    def load(self, folder: str, optimizer: bool) -> bool:
-        if not super().load(folder, optimizer):
+    def checkpoint_parts(self, optimizer: bool, restore_from: str | None = None) -> dict[str, Any]:
+        if restore_from is None:  # the weights are always saved; the optimizer's folder only with it
+            return {"sharded": ShardedState(self.module, self.optimizer if optimizer else None)}
+        if not fsdp.has_sharded_checkpoint(restore_from):
             raise ValueError(
-                f"Can't resume {folder} with fsdp: it holds unsharded weights ({WEIGHTS_NAME}), not the DCP "
-                f"folders ({fsdp.MODEL_DIR}/) a sharded model loads. Resume it without fsdp."
+                f"Can't resume {restore_from} with fsdp: it holds unsharded weights ({WEIGHTS_NAME}), not the "
+                f"DCP folders ({fsdp.MODEL_DIR}/) a sharded model loads. Resume it without fsdp."
             )
-        return True
+        return {"sharded": _sharded_restore(self.module, self.optimizer, optimizer, restore_from)}
 
 
 class ShardedState:
     """A checkpoint part in DCP's format: model (and optimizer) state, every rank writing its shards."""
+
+    holds_weights = True
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         self.model, self.optimizer = model, optimizer
@@ -188,26 +242,39 @@ class ShardedState:
         fsdp.load_sharded(self.model, self.optimizer, folder)
 
 
-class DeepSpeedEngine(Engine):
-    """DeepSpeed's engine: it reduces at the boundary it is told of, clips in its step
-    (`gradient_clipping`), scales fp16 losses itself and checkpoints into `deepspeed/`."""
+def _sharded_restore(
+    module: nn.Module, optimizer: torch.optim.Optimizer | None, with_optimizer: bool, folder: str
+) -> ShardedState:
+    # DCP's optimizer state comes back with its schedule: without scheduler.pt only the weights do
+    restore_optimizer = with_optimizer and os.path.isfile(os.path.join(folder, SCHEDULER_NAME))
+    return ShardedState(module, optimizer if restore_optimizer else None)
 
-    owns_optimizer = True
-    plain_boundary = False  # the engine must be told of every micro-batch's boundary
+
+class DeepSpeedEngine(Engine):
+    """DeepSpeed's engine: it wraps the model with the optimizer, reduces at the boundary it is told
+    of, clips in its step (`gradient_clipping`), scales fp16 losses itself and checkpoints into
+    `deepspeed/`."""
+
     run: DeepSpeedRun  # built by start()
 
-    def __init__(self, args: Any, runtime: Runtime, module: nn.Module, wrapped: nn.Module) -> None:
-        super().__init__(args, runtime, module, wrapped)
+    def __init__(self, args: Any, runtime: Any, module: nn.Module) -> None:
+        super().__init__(args, runtime, module)
         self.scaler = None  # the engine does its own fp16 loss scaling
 
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model  # DeepSpeed's engine wraps it, with the optimizer, in start()
+
     def start(
-        self, optimizer: torch.optim.Optimizer | None, create_optimizer: Callable[[], torch.optim.Optimizer]
+        self, maker: OptimizerMaker, max_steps: int, wrapped: nn.Module
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """Build DeepSpeed's engine over the model with `optimizer` (or the config's); returns what
-        forward runs on and the base torch optimizer the schedule drives."""
-        self.run = DeepSpeedRun.start(self.args, self.runtime, self.module, optimizer, create_optimizer)
+        """DeepSpeed's engine over the model with the Trainer's optimizer (or the config's); the
+        schedule drives its base torch optimizer."""
+        self.run = DeepSpeedRun.start(
+            self.args, self.runtime, self.module, maker.optimizer, maker.create_optimizer
+        )
         self.deepspeed = self.run.engine
-        return self.run.engine, self.run.base_optimizer
+        maker.create_scheduler(max_steps, self.run.base_optimizer)
+        return self._ready(self.run.engine, self.run.base_optimizer)
 
     def accumulate(self, skip_sync: bool) -> contextlib.AbstractContextManager:
         self.run.set_boundary(not skip_sync)
@@ -225,15 +292,58 @@ class DeepSpeedEngine(Engine):
     def full_state_dict(self, on_every_rank: bool = False) -> dict[str, torch.Tensor] | None:
         return self.run.full_state_dict()  # ZeRO-3: gathered on every rank
 
-    def checkpoint_parts(self, optimizer: bool) -> dict[str, Any]:
-        return {"deepspeed": self.run} if optimizer else {}
-
-    def load(self, folder: str, optimizer: bool) -> bool:
-        self.run.load(folder, with_optimizer=optimizer)  # weights, fp32 masters, optimizer state
-        return True
+    def checkpoint_parts(self, optimizer: bool, restore_from: str | None = None) -> dict[str, Any]:
+        if restore_from is None:
+            return {"deepspeed": self.run} if optimizer else {}
+        return {"deepspeed": _EngineCheckpoint(self.run, optimizer)}
 
 
-def build_engine(args: Any, runtime: Runtime, module: nn.Module, wrapped: nn.Module) -> Engine:
-    """The engine for these arguments and this (already wrapped) model."""
-    kind = DeepSpeedEngine if args.deepspeed else FSDPEngine if fsdp.is_sharded(wrapped) else Engine
-    return kind(args, runtime, module, wrapped)
+class _EngineCheckpoint:
+    """Restoring DeepSpeed's engine checkpoint: weights, fp32 masters and (optionally) optimizer state."""
+
+    holds_weights = True
+
+    def __init__(self, run: DeepSpeedRun, with_optimizer: bool) -> None:
+        self.run, self.with_optimizer = run, with_optimizer
+
+    def save(self, folder: str) -> None:
+        self.run.save(folder)
+
+    def load(self, folder: str) -> None:
+        self.run.load(folder, with_optimizer=self.with_optimizer)
+
+
+def build_engine(args: Any, runtime: Any, module: nn.Module) -> Engine:
+    """The engine for these arguments and this model (decided once per run)."""
+    if args.deepspeed:
+        return DeepSpeedEngine(args, runtime, module)
+    sharding = fsdp.fsdp_options(args)
+    if sharding and not runtime.distributed:
+        logger.warning("fsdp=%s is set but this is one process: training without sharding.", sharding)
+    elif (sharding and sharding != ["no_shard"]) or fsdp.is_sharded(module):
+        return FSDPEngine(args, runtime, module)
+    return Engine(args, runtime, module)
+
+
+def load_weights(model: nn.Module, folder: str) -> None:
+    """A checkpoint's weights into `model`: DCP folders (FSDP) or safetensors / bin files."""
+    if fsdp.has_sharded_checkpoint(folder):
+        fsdp.load_sharded(model, None, folder)
+    else:
+        load_model_weights(model, folder)
+
+
+@contextlib.contextmanager
+def _no_sync(model: Any) -> Iterator[None]:
+    """No gradient all-reduce in this micro-batch: DDP's `no_sync`, FSDP2's requires-gradient-sync."""
+    if hasattr(model, "no_sync"):
+        with model.no_sync():
+            yield
+    elif hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield

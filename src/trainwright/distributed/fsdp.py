@@ -1,7 +1,7 @@
 """FSDP2 for the Trainer: the `fsdp` / `fsdp_config` arguments mapped onto PyTorch's `fully_shard`,
 and checkpoints of sharded models through `torch.distributed.checkpoint` (DCP).
 
-Sharding (`shard_model`, called by `Runtime.wrap_model` when there are several processes):
+Sharding (`shard_model`, called by the FSDP engine's `wrap` when there are several processes):
 
 - strategy words of `fsdp`: "full_shard" -> `reshard_after_forward=True`; "shard_grad_op" -> False
   (parameters stay gathered between forward and backward); "hybrid_shard" / "hybrid_shard_zero2" ->

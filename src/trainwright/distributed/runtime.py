@@ -146,60 +146,6 @@ class Runtime:
             if first:
                 self.barrier()
 
-    # -- model wrapping ---------------------------------------------------------------------
-    def wrap_model(self, model: torch.nn.Module, args: Any = None) -> torch.nn.Module:
-        """Prepare the model for data parallelism when there are several processes.
-
-        `args.fsdp` (except "no_shard") shards it in place with FSDP2's `fully_shard` and returns the
-        same module (its parameters become DTensors, so build the optimizer afterwards); otherwise
-        it is wrapped in DistributedDataParallel. One process gets the model back unchanged.
-        """
-        if args is not None and getattr(args, "deepspeed", None):
-            return model  # DeepSpeed's engine wraps it, with the optimizer (deepspeed_engine.py)
-        from trainwright.distributed import fsdp
-
-        sharding = fsdp.fsdp_options(args)
-        if not self.distributed:
-            if sharding:
-                logger.warning("fsdp=%s is set but this is one process: training without sharding.", sharding)
-            return model
-        if fsdp.is_sharded(model):
-            return model  # sharded by an earlier train() call
-        if sharding and sharding != ["no_shard"]:
-            return fsdp.shard_model(model, args, self)
-        from torch.nn.parallel import DistributedDataParallel
-
-        if isinstance(model, DistributedDataParallel):
-            return model
-        kwargs: dict[str, Any] = {}
-        if args is not None:
-            for arg, option in (
-                ("ddp_find_unused_parameters", "find_unused_parameters"),
-                ("ddp_bucket_cap_mb", "bucket_cap_mb"),
-                ("ddp_broadcast_buffers", "broadcast_buffers"),
-                ("ddp_static_graph", "static_graph"),
-            ):
-                if getattr(args, arg, None) is not None:
-                    kwargs[option] = getattr(args, arg)
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids, **kwargs)
-
-    @contextlib.contextmanager
-    def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
-        """Skip gradient all-reduce on accumulation micro-steps."""
-        wrapper: Any = model  # DDP (no_sync) or FSDP2 (set_requires_gradient_sync)
-        if skip_sync and self.distributed and hasattr(wrapper, "no_sync"):
-            with wrapper.no_sync():
-                yield
-        elif skip_sync and self.distributed and hasattr(wrapper, "set_requires_gradient_sync"):
-            wrapper.set_requires_gradient_sync(False)
-            try:
-                yield
-            finally:
-                wrapper.set_requires_gradient_sync(True)
-        else:
-            yield
-
     # -- precision --------------------------------------------------------------------------
     def autocast(
         self, dtype: torch.dtype | None, cache_enabled: bool | None = None

@@ -25,23 +25,18 @@ from trainwright.args.training_args import TrainingArguments
 from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import TrainerState
 from trainwright.distributed import device_cache
-from trainwright.modeling.loss import LossWindow
 
 
 class RetryableTrainer(Protocol):
-    """The run state a batch-size retry resets (a Protocol, so this module never imports the loop)."""
+    """What a batch-size search needs of the Trainer (a Protocol, so this module never imports the loop)."""
 
     args: TrainingArguments
     runtime: Any
-    model: Any
-    model_wrapped: Any
-    optimizer: Any
-    lr_scheduler: Any
-    cursor: Any
-    _losses: Any
-    _train_batch_size: int | None
+    _train_batch_size: int
 
     def _inner_training_loop(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def _forget_failed_run(self) -> None: ...
 
 
 logger = logging.getLogger(__name__)
@@ -109,8 +104,9 @@ def saved_batch_size(checkpoint: str) -> int | None:
 def train_with_search(trainer: RetryableTrainer, resume_path: str | None, run: Callable[[int], T]) -> T:
     """Run the inner loop `run(batch_size)` under the batch size search. For each try the Trainer's
     `args.per_device_train_batch_size` is the size being tried (everything that reads the batch
-    geometry, checkpoints included, sees the real one); the caller's value is put back at the end
-    and the size found is kept in `trainer._train_batch_size` for the next `train()`."""
+    geometry, checkpoints included, sees the real one); the caller's value is put back at the end,
+    and the inner loop keeps the size in `trainer._train_batch_size` for the next `train()`. Each
+    try builds a run of its own; the failed one is dropped before the next."""
     args = trainer.args
     given = args.per_device_train_batch_size
     start = trainer._train_batch_size or given
@@ -118,23 +114,11 @@ def train_with_search(trainer: RetryableTrainer, resume_path: str | None, run: C
         start = saved_batch_size(resume_path) or start
 
     def attempt(batch_size: int) -> T:
-        args.per_device_train_batch_size = trainer._train_batch_size = batch_size
+        args.per_device_train_batch_size = batch_size
         return run(batch_size)
 
     def reset() -> None:
-        cursor = trainer.cursor
-        if cursor.steps_applied > cursor.first_step_of_call:
-            logger.warning(
-                "auto_find_batch_size: the out-of-memory error came after %d optimizer steps; the retry "
-                "starts from the weights and optimizer state they left (as transformers does).",
-                cursor.steps_applied - cursor.first_step_of_call,
-            )
-        trainer.model_wrapped = trainer.model  # drop the failed try's wrapper (DDP buckets, compile)
-        if trainer.optimizer is not None:
-            trainer.optimizer.zero_grad(set_to_none=True)
-        if getattr(trainer, "_created_scheduler", False):
-            trainer.lr_scheduler = None  # re-made for the new number of steps
-        trainer._losses = LossWindow(trainer.runtime.device)  # drop the failed try's step losses
+        trainer._forget_failed_run()
         device_cache.empty_device_cache(trainer.runtime.device, collect_garbage=True)
         # The random streams start again as at the first try: dropout and data order of the retry are
         # those of a run started at this batch size.

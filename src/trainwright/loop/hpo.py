@@ -163,7 +163,7 @@ def _run_optuna(
         params = hp_space(trial)
         if not isinstance(params, dict):
             raise TypeError(f"hp_space must return a dict of argument values, got {type(params).__name__}.")
-        trainer.args = args_for_trial(base_args, params, already_warned=search.warned)
+        trainer._set_trial_args(args_for_trial(base_args, params, already_warned=search.warned))
         search.reported = None
         trainer.train(trial=trial)
         return final_objective(trainer, search, len(directions))[0]
@@ -175,15 +175,8 @@ def _run_optuna(
     else:
         study = optuna.create_study(direction=directions[0], **study_kwargs)
 
-    trainer.hp_search_backend = "optuna"
-    trainer._hp_search = search
-    try:
+    with trainer._hp_search_scope("optuna", search):
         study.optimize(objective, n_trials=n_trials, **optimize_kwargs)
-    finally:
-        trainer.args = base_args
-        trainer.hp_search_backend = None
-        trainer._hp_search = None
-        trainer._trial = None
 
     completed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if not completed:
@@ -207,7 +200,7 @@ def _optuna_report(trainer: Any, trial: Any, objective: Any, metrics: dict[str, 
     trial.report(check_one_number(objective), step)
     if trial.should_prune():
         optuna = _import_optuna()
-        trainer.control = trainer.callback_handler.on_train_end(trainer.args, trainer.state, trainer.control)
+        trainer._fire("on_train_end")
         raise optuna.TrialPruned(f"pruned at step {step} with objective {objective}")
 
 

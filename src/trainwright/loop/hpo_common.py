@@ -35,13 +35,18 @@ class SearchTrainer(Protocol):
     runtime: Any
     hp_search_backend: str | None
     _hp_search: Search | None
-    _trial: Any
 
     def train(self, resume_from_checkpoint: Any = None, trial: Any = None, **kwargs: Any) -> Any: ...
 
     def evaluate(self) -> dict[str, float]: ...
 
     def add_callback(self, callback: Any) -> None: ...
+
+    def _hp_search_scope(self, backend: str, search: Search) -> Any: ...
+
+    def _set_trial_args(self, args: Any) -> None: ...
+
+    def _fire(self, event: str, state: Any = None, **kwargs: Any) -> None: ...
 
 
 @dataclasses.dataclass

@@ -38,7 +38,6 @@ from trainwright.loop.hpo_common import (
     check_one_number,
     final_objective,
     trial_params,
-    trial_run_name,
 )
 from trainwright.observe.metrics import BestRun
 
@@ -213,7 +212,7 @@ def _shippable(trainer: SearchTrainer, output_dir: str, search: Search) -> Any:
     """A copy of the trainer to send to the workers: the trial's state only, no model or optimizer
     (each trial builds its own), the output folder absolute."""
     shipped = copy.copy(trainer)
-    for name in ("model", "model_wrapped", "optimizer", "lr_scheduler", "_trial"):
+    for name in ("model", "model_wrapped", "optimizer", "lr_scheduler", "_run"):
         if hasattr(shipped, name):
             setattr(shipped, name, None)
     handler = copy.copy(trainer.callback_handler)
@@ -284,7 +283,7 @@ def _run_trial(config: dict[str, Any], trainer: Any) -> None:
     params = {k: v for k, v in trial.items() if k not in _TUNE_KEYS}
     with warnings.catch_warnings():  # unknown keys: the driver warned once for the whole search
         warnings.filterwarnings("ignore", message="hp_space returned keys that are not")
-        trainer.args = args_for_trial(trainer.args, params, already_warned=search.warned)
+        trainer._set_trial_args(args_for_trial(trainer.args, params, already_warned=search.warned))
     trainer.add_callback(_ReportAfterSave(trainer))
     checkpoint = tune.get_checkpoint()
     if checkpoint is None:
@@ -348,7 +347,8 @@ def _send(result: dict[str, Any], checkpoint: str | None) -> None:
 
 
 def _run_dir(trainer: Any) -> str:
-    return os.path.join(trainer.args.output_dir, trial_run_name(trainer, trainer._trial))
+    """The folder the trial's run writes its checkpoints to."""
+    return trainer._run.checkpointer.folder
 
 
 class _ReportAfterSave(TrainerCallback):

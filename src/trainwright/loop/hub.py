@@ -158,10 +158,10 @@ def _watch(trainer: HubTrainer, job: futures.Future, what: str) -> futures.Futur
     return job
 
 
-def init_repo(trainer: HubTrainer, token: str | None = None, private: bool | None = None) -> None:
-    """Create the repository if needed and record its id in `trainer.hub_model_id` (main process)."""
+def init_repo(trainer: HubTrainer, token: str | None = None, private: bool | None = None) -> str | None:
+    """Create the repository if needed; its id (None on other processes than the main one)."""
     if not trainer.is_world_process_zero():
-        return
+        return None
     args = trainer.args
     assert args.output_dir is not None  # TrainingArguments.__post_init__ fills it in
     name = args.hub_model_id if args.hub_model_id is not None else Path(args.output_dir).absolute().name
@@ -169,8 +169,7 @@ def init_repo(trainer: HubTrainer, token: str | None = None, private: bool | Non
     private = private if private is not None else args.hub_private_repo
     with _hub_call(trainer):
         url = hf_api().create_repo(name, token=token, private=private, exist_ok=True)
-    trainer.hub_model_id = url.repo_id
-    trainer.push_in_progress = None
+    return url.repo_id
 
 
 def _copy_model_files(checkpoint: str, output_dir: str) -> None:
@@ -185,17 +184,18 @@ def _copy_model_files(checkpoint: str, output_dir: str) -> None:
             shutil.copy(os.path.join(checkpoint, name), os.path.join(output_dir, name))
 
 
-def push_from_checkpoint(trainer: HubTrainer, checkpoint: str) -> None:
-    """Push `output_dir` (and, per `hub_strategy`, the checkpoint) in the background after a save."""
+def push_from_checkpoint(trainer: HubTrainer, checkpoint: str) -> PushInProgress | None:
+    """Push `output_dir` (and, per `hub_strategy`, the checkpoint) in the background after a save;
+    the uploads now in flight when they are new ones (None: none started, or added to those in flight)."""
     args = trainer.args
     if not trainer.is_world_process_zero() or args.hub_strategy == "end":
-        return
+        return None
     in_flight = trainer.push_in_progress
     if not args.hub_always_push and in_flight is not None and not in_flight.is_done():
         logger.info("Previous Hub push still running: %s is not pushed.", checkpoint)
-        return
+        return None
     if trainer.hub_model_id is None:  # push_to_hub turned on after the Trainer was built
-        init_repo(trainer)
+        trainer.init_hf_repo()
     trainer.callback_handler.on_push_begin(args, trainer.state, trainer.control)
     output_dir = args.output_dir
     assert output_dir is not None  # TrainingArguments.__post_init__ fills it in
@@ -235,9 +235,9 @@ def push_from_checkpoint(trainer: HubTrainer, checkpoint: str) -> None:
     for job in jobs:
         _watch(trainer, job, message)
     if in_flight is None or in_flight.is_done():
-        trainer.push_in_progress = PushInProgress(jobs)
-    else:  # hub_always_push: the final push waits for these too
-        in_flight.jobs.extend(jobs)
+        return PushInProgress(jobs)
+    in_flight.jobs.extend(jobs)  # hub_always_push: the final push waits for these too
+    return None
 
 
 def finish_current_push(trainer: HubTrainer) -> None:

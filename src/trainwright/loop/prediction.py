@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -22,13 +22,11 @@ from trainwright import data as data_utils
 from trainwright.args.training_args import TrainingArguments
 from trainwright.core.events import CallbackHandler
 from trainwright.core.state import TrainerControl, TrainerState
-from trainwright.distributed import fsdp
-from trainwright.distributed.preemption import PreemptionGuard
 from trainwright.distributed.runtime import Runtime
 from trainwright.loop.evaluation import EvalGatherer
+from trainwright.loop.run import TrainingRun
 from trainwright.modeling import liger
 from trainwright.modeling.loss import batch_size
-from trainwright.modeling.past_state import PastState
 from trainwright.observe.memory import TrainerMemoryTracker
 from trainwright.observe.metrics import (
     EvalLoopOutput,
@@ -56,9 +54,7 @@ class PredictionTrainer(Protocol):
     can_return_loss: bool
     is_in_train: bool
     _memory_tracker: TrainerMemoryTracker
-    _past_state: PastState | None
-    _preemption: PreemptionGuard | None
-    _eval_stops_on_preemption: bool
+    _run: TrainingRun | None
 
     def evaluate(self, *args: Any, **kwargs: Any) -> Any: ...
     def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any: ...
@@ -70,7 +66,7 @@ class PredictionTrainer(Protocol):
     def compute_loss(self, *args: Any, **kwargs: Any) -> Any: ...
     def compute_loss_context_manager(self) -> Any: ...
     def _prepare_inputs(self, inputs: Any) -> Any: ...
-    def _preempted(self) -> bool: ...
+    def _fire(self, event: str, state: Any = None, **kwargs: Any) -> None: ...
 
 
 class EvaluationPreempted(Exception):
@@ -109,9 +105,7 @@ def evaluate(
     )
     add_speed_metrics(trainer, output, metric_key_prefix, start)
     trainer.log(output.metrics)
-    trainer.control = trainer.callback_handler.on_evaluate(
-        trainer.args, trainer.state, trainer.control, metrics=output.metrics
-    )
+    trainer._fire("on_evaluate", metrics=output.metrics)
     trainer._memory_tracker.stop_and_update_metrics("eval", output.metrics)
     return output.metrics
 
@@ -137,9 +131,7 @@ def predict(
         dataloader, description="Prediction", ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix
     )
     add_speed_metrics(trainer, output, metric_key_prefix, start)
-    trainer.control = trainer.callback_handler.on_predict(
-        trainer.args, trainer.state, trainer.control, metrics=output.metrics
-    )
+    trainer._fire("on_predict", metrics=output.metrics)
     trainer._memory_tracker.stop_and_update_metrics("test", output.metrics)
     return PredictionOutput(
         predictions=output.predictions, label_ids=output.label_ids, metrics=output.metrics
@@ -168,9 +160,6 @@ def evaluation_loop(
         prediction_loss_only = args.prediction_loss_only
     model = model_for_eval(trainer)
     model.eval()
-    if args.past_index >= 0:  # an evaluation has its own memory, starting empty (v4)
-        trainer._past_state = trainer._past_state or PastState(args.past_index)
-        training_past = trainer._past_state.swap()
     optimizer: Any = trainer.optimizer  # schedule-free optimizers have eval()/train()
     if hasattr(optimizer, "eval") and callable(optimizer.eval):
         optimizer.eval()
@@ -187,33 +176,7 @@ def evaluation_loop(
     batch_metrics = args.batch_eval_metrics and trainer.compute_metrics is not None
     num_batches = len(dataloader) if data_utils.has_length(dataloader) else None
     metrics: dict[str, Any] = {}
-    real_rows, dealt = rows_to_keep(dataloader), 0
-    # checked before every batch; with several processes a collective, so only where every
-    # process has the same number of batches (a sized loader: the sampler evens them out)
-    stop_on_preemption = trainer._eval_stops_on_preemption and (
-        not trainer.runtime.distributed or num_batches is not None
-    )
-    for step, inputs in enumerate(dataloader):
-        if stop_on_preemption and trainer._preempted():
-            assert trainer._preemption is not None  # _preempted() says it asked
-            if args.past_index >= 0:
-                assert trainer._past_state is not None  # made above for past_index >= 0
-                trainer._past_state.swap(training_past)
-            signal_name = getattr(trainer._preemption.requested, "name", "a preemption signal")
-            raise EvaluationPreempted(
-                f"Evaluation stopped by {signal_name} after {step} of {num_batches or '?'} batches"
-            )
-        n = batch_size(inputs)
-        if real_rows is not None and dealt + n > real_rows:
-            # rows the sampler repeated to even out processes: cut before the forward, so they
-            # weigh in neither the loss nor the metrics
-            keep = max(real_rows - dealt, 0)
-            dealt += n
-            if keep == 0 and not fsdp.is_sharded(model):
-                continue
-            inputs, n = (take_rows(inputs, keep), keep) if keep else (inputs, 0)
-        else:
-            dealt += n
+    for step, inputs, n in _real_batches(trainer, dataloader, num_batches):
         loss, logits, labels = trainer.prediction_step(
             model, inputs, prediction_loss_only, ignore_keys=ignore_keys
         )
@@ -226,47 +189,72 @@ def evaluation_loop(
         )
         gatherer.add(loss=loss, batch_size=n, predictions=logits, labels=labels, inputs=model_inputs)
         if batch_metrics and logits is not None and labels is not None:
-            last = num_batches is not None and step == num_batches - 1
             assert trainer.compute_metrics is not None  # batch_metrics checks it
             metrics = trainer.compute_metrics(
                 EvalPrediction(predictions=logits, label_ids=labels, inputs=model_inputs),
-                compute_result=last,
+                compute_result=num_batches is not None and step == num_batches - 1,
             )
-        trainer.control = trainer.callback_handler.on_prediction_step(args, trainer.state, trainer.control)
+        trainer._fire("on_prediction_step")
     num_samples = (
         trainer.num_examples(dataloader)
         if data_utils.has_length(getattr(dataloader, "dataset", None))
         else None
     )
     result = gatherer.finish(num_samples)
-    num_samples = num_samples if num_samples is not None else result.num_samples
-    if (
-        trainer.compute_metrics is not None
-        and result.predictions is not None
-        and result.label_ids is not None
-    ):
-        if not batch_metrics:
-            pred = EvalPrediction(
-                predictions=result.predictions,
-                label_ids=result.label_ids,
-                inputs=result.inputs if "inputs" in include else None,
-                losses=result.losses if "loss" in include else None,
-            )
-            metrics = trainer.compute_metrics(pred)
+    if not batch_metrics:
+        metrics = _metrics_of(trainer, result, include) or metrics
     metrics = denumpify_detensorize(dict(metrics or {}))
     if result.loss is not None:
         metrics["loss"] = result.loss
     for key in list(metrics):
         if not key.startswith(f"{metric_key_prefix}_"):
             metrics[f"{metric_key_prefix}_{key}"] = metrics.pop(key)
-    if args.past_index >= 0:
-        assert trainer._past_state is not None  # made above for past_index >= 0
-        trainer._past_state.swap(training_past)
     return EvalLoopOutput(
         predictions=result.predictions,
         label_ids=result.label_ids,
         metrics=metrics,
-        num_samples=num_samples,
+        num_samples=num_samples if num_samples is not None else result.num_samples,
+    )
+
+
+def _real_batches(trainer: PredictionTrainer, dataloader: Any, num_batches: int | None) -> Iterator[tuple]:
+    """(step, batch, real rows) of the loader: rows the sampler repeated to even out processes are
+    cut before the forward, so they weigh in neither the loss nor the metrics (a batch of only such
+    rows is dropped, unless every process must run the forward: a sharded model). The loop's own
+    evaluation stops at a preemption (checked before every batch; with several processes a
+    collective, so only where every process has the same number of batches: a sized loader)."""
+    run = trainer._run
+    stop = run is not None and run.eval_stops_on_preemption
+    stop = stop and (not trainer.runtime.distributed or num_batches is not None)
+    collective = run is not None and run.engine.collective_forward
+    real_rows, dealt = rows_to_keep(dataloader), 0
+    for step, inputs in enumerate(dataloader):
+        if stop and run is not None and run.preempted():
+            signal_name = getattr(run.preemption.requested, "name", "a preemption signal")
+            raise EvaluationPreempted(
+                f"Evaluation stopped by {signal_name} after {step} of {num_batches or '?'} batches"
+            )
+        n = batch_size(inputs)
+        dealt += n
+        if real_rows is not None and dealt > real_rows:
+            keep = max(real_rows - (dealt - n), 0)
+            if keep == 0 and not collective:
+                continue
+            inputs, n = (take_rows(inputs, keep), keep) if keep else (inputs, 0)
+        yield step, inputs, n
+
+
+def _metrics_of(trainer: PredictionTrainer, result: Any, include: set[str]) -> dict[str, Any] | None:
+    """`compute_metrics` over the whole evaluation's predictions (None without them)."""
+    if trainer.compute_metrics is None or result.predictions is None or result.label_ids is None:
+        return None
+    return trainer.compute_metrics(
+        EvalPrediction(
+            predictions=result.predictions,
+            label_ids=result.label_ids,
+            inputs=result.inputs if "inputs" in include else None,
+            losses=result.losses if "loss" in include else None,
+        )
     )
 
 
@@ -282,8 +270,6 @@ def prediction_step(
     return_loss = inputs.get("return_loss")
     loss_without_labels = bool(return_loss) if return_loss is not None else trainer.can_return_loss
     inputs = trainer._prepare_inputs(inputs)
-    if trainer._past_state is not None:
-        inputs = trainer._past_state.feed(inputs)
     if ignore_keys is None:
         config = getattr(model, "config", None)
         ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", ["past_key_values"]) or [])
@@ -306,8 +292,6 @@ def prediction_step(
         else:
             loss = None
             outputs = model(**inputs)
-            if trainer._past_state is not None:  # no loss in front: the memory is one place earlier (v4)
-                trainer._past_state.keep(outputs, without_loss=True)
             if isinstance(outputs, dict):
                 logits = tuple(v for k, v in outputs.items() if k not in set(ignore_keys))
             else:

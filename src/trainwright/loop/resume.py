@@ -1,6 +1,7 @@
 """Resuming: which checkpoint folder to resume, and the rules that decide whether what it holds fits
 this run (the optimizer and schedule it was written with, the batch geometry that gives the saved
-position its meaning, the data order), each checked before anything is loaded or named in the error.
+position its meaning, the data order). The checkpoint parts (`checkpoint_parts.py`) run these as
+their own checks, before anything is loaded; each names the file and the argument in its error.
 """
 
 from __future__ import annotations
@@ -8,16 +9,16 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 import trainwright.checkpoint as ckpt
 from trainwright.args.training_args import TrainingArguments
-from trainwright.core.state import LoopCursor, TrainerState
+from trainwright.checkpoint.layout import PARTS
+from trainwright.core.state import LoopCursor
 from trainwright.distributed import fsdp
 from trainwright.distributed.deepspeed import ENGINE_DIR
-from trainwright.distributed.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -25,37 +26,15 @@ logger = logging.getLogger(__name__)
 POSITION_ARGS = ("per_device_train_batch_size", "gradient_accumulation_steps")
 
 
-class ResumingTrainer(Protocol):
-    """What the resume rules need of the Trainer (a Protocol: this module never imports the Trainer)."""
-
-    args: TrainingArguments
-    runtime: Runtime
-    state: TrainerState
-    cursor: LoopCursor
-    optimizer: torch.optim.Optimizer | None
-    lr_scheduler: Any
-    optimizer_cls_and_kwargs: tuple[type, dict] | None
-
-
-def optimizer_of(trainer: ResumingTrainer) -> torch.optim.Optimizer:
-    """The Trainer's optimizer, which train() creates before a checkpoint is saved or loaded."""
-    if trainer.optimizer is None:
-        raise RuntimeError(
-            "The Trainer has no optimizer: train() creates it (create_optimizer) before a checkpoint is "
-            "saved or loaded."
-        )
-    return trainer.optimizer
-
-
 # ---------------------------------------------------------------------- choosing what to resume
-def resolve_resume_path(trainer: ResumingTrainer, resume: str | bool | None) -> str | None:
+def resolve_resume_path(args: TrainingArguments, resume: str | bool | None) -> str | None:
     """The checkpoint folder to resume from, checked before any work is done."""
     if resume is None:
-        resume = trainer.args.resume_from_checkpoint
+        resume = args.resume_from_checkpoint
     if resume is None or resume is False:
         return None
     if resume is True:
-        output_dir = trainer.args.output_dir
+        output_dir = args.output_dir
         assert output_dir is not None  # TrainingArguments.__post_init__ fills it in
         path = ckpt.get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
         if path is None:
@@ -64,20 +43,18 @@ def resolve_resume_path(trainer: ResumingTrainer, resume: str | bool | None) -> 
         path = str(resume)
         if not os.path.isdir(path):
             raise ValueError(f"Can't find a valid checkpoint at {path}: no such folder.")
-    needed = ["model", "trainer_state"]
-    if os.path.exists(os.path.join(path, ckpt.OPTIMIZER_NAME)):
-        if not trainer.args.save_only_model:
-            needed += ["optimizer", "scheduler"]
-    elif _engine_optimizer_state(path):
-        pass  # FSDP's DCP folder or DeepSpeed's engine checkpoint holds the optimizer state
-    elif not _weights_only_resume(trainer, path):
+    with_optimizer = os.path.exists(os.path.join(path, ckpt.OPTIMIZER_NAME)) and not args.save_only_model
+    needed = [n for n, row in PARTS.items() if row.required and (with_optimizer or not row.optimizer_state)]
+    if with_optimizer or _engine_optimizer_state(path):
+        pass  # optimizer.pt, or FSDP's DCP folder or DeepSpeed's engine checkpoint holds the optimizer state
+    elif not _weights_only_resume(args, path):
         raise ValueError(
             f"Can't resume exactly from {path}: it has no {ckpt.OPTIMIZER_NAME}, so the optimizer would start "
             "afresh (and its moments, step counts and learning-rate schedule with it). Resume from a complete "
             "checkpoint, or pass save_only_model=True to resume the weights with a fresh optimizer (a "
             f"{ckpt.SCHEDULER_NAME} that is present is still restored)."
         )
-    problems = ckpt.check_checkpoint_files(path, need=tuple(needed))
+    problems = ckpt.check_checkpoint_files(path, need=needed)
     if "optimizer" not in needed:  # a weights-only resume does not read it, whatever state it is in
         problems = [p for p in problems if not p.startswith(ckpt.OPTIMIZER_NAME)]
     if problems:
@@ -98,18 +75,25 @@ def _engine_optimizer_state(path: str) -> bool:
     )
 
 
-def _weights_only_resume(trainer: ResumingTrainer, path: str) -> bool:
+def _weights_only_resume(args: TrainingArguments, path: str) -> bool:
     """A resume that loads weights (and a scheduler if saved) but no optimizer: opted into by
     save_only_model now, or by a checkpoint written with save_only_model."""
-    return bool(trainer.args.save_only_model or _saved_args(path).get("save_only_model"))
+    return bool(args.save_only_model or _saved_args(path).get("save_only_model"))
 
 
-def check_optimizer_matches(trainer: ResumingTrainer, saved: dict[str, Any], path: str) -> None:
-    """Refuse optimizer.pt written by another optimizer (another `optim`, or groups of other
-    hyperparameters): loading it would fail at the first step, or silently mix states."""
-    now_name = _optim_name(trainer.args.optim)
+def check_optimizer_matches(
+    args: TrainingArguments,
+    optimizer: torch.optim.Optimizer,
+    saved: dict[str, Any],
+    path: str,
+    custom_optimizer: bool,
+) -> None:
+    """Refuse optimizer.pt written by another optimizer (another `optim`, unless the optimizer class
+    was given (`custom_optimizer`), or groups of other hyperparameters): loading it would fail at the
+    first step, or silently mix states."""
+    now_name = _optim_name(args.optim)
     saved_name = _saved_args(path).get("optim")
-    groups_now, groups_saved = optimizer_of(trainer).param_groups, saved.get("param_groups", [])
+    groups_now, groups_saved = optimizer.param_groups, saved.get("param_groups", [])
     keys_now = sorted(set().union(*(g.keys() for g in groups_now)) - {"params", "initial_lr"})
     keys_saved = (
         sorted(set().union(*(g.keys() for g in groups_saved)) - {"params", "initial_lr"})
@@ -119,11 +103,7 @@ def check_optimizer_matches(trainer: ResumingTrainer, saved: dict[str, Any], pat
     layout_now = [len(g["params"]) for g in groups_now]
     layout_saved = [len(g["params"]) for g in groups_saved]
     problems = []
-    if (
-        saved_name is not None
-        and trainer.optimizer_cls_and_kwargs is None
-        and _optim_name(saved_name) != now_name
-    ):
+    if saved_name is not None and not custom_optimizer and _optim_name(saved_name) != now_name:
         problems.append(f"it was written with optim={saved_name!r}, this run has optim={now_name!r}")
     if keys_now != keys_saved:
         problems.append(f"its parameter groups hold {keys_saved}, this optimizer's hold {keys_now}")
@@ -152,44 +132,47 @@ _SCHEDULE_FIELDS = (
 )
 
 
-def keep_saved_schedule(trainer: ResumingTrainer, path: str) -> None:
+def keep_saved_schedule(
+    args: TrainingArguments,
+    scheduler: Any,
+    optimizer: torch.optim.Optimizer,
+    max_steps: int,
+    path: str,
+    trainer_made: bool,
+) -> Any:
     """The rule on resume: the checkpoint's learning-rate schedule continues. Its rates and step
     come back from scheduler.pt; its shape (type, warm-up, kwargs) from its training_args.json, so
-    a Trainer-made scheduler is rebuilt with them. Changed arguments are named in one warning."""
+    a Trainer-made scheduler is rebuilt with them: the scheduler to load scheduler.pt into (the
+    given one, or its rebuild). Changed arguments are named in one warning."""
     saved = _saved_args(path)
-    args = trainer.args
     changed = {
         k: (saved[k], _plain(getattr(args, k)))
         for k in _SCHEDULE_FIELDS
         if k in saved and _normal(saved[k]) != _normal(_plain(getattr(args, k)))
     }
     if not changed:
-        return
+        return scheduler
     logger.warning(
         "Resuming from %s: %s differ from the checkpoint's; the checkpoint's learning-rate schedule "
         "continues (its scheduler.pt wins). Start a new run to train with the new values.",
         path,
         ", ".join(f"{k} ({now!r} now, {was!r} in the checkpoint)" for k, (was, now) in changed.items()),
     )
-    if not getattr(trainer, "_created_scheduler", False) or isinstance(
-        trainer.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau
-    ):
-        return  # the user's own scheduler object: its state is loaded as it is
+    if not trainer_made or isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        return scheduler  # the user's own scheduler object: its state is loaded as it is
     from types import SimpleNamespace
 
-    from trainwright.args.training_args import TrainingArguments
     from trainwright.optim.schedules import get_scheduler
 
     warm = SimpleNamespace(
         warmup_steps=saved.get("warmup_steps", args.warmup_steps),
         warmup_ratio=saved.get("warmup_ratio", args.warmup_ratio),
     )
-    total = trainer.state.max_steps
-    trainer.lr_scheduler = get_scheduler(
+    return get_scheduler(
         saved.get("lr_scheduler_type", _plain(args.lr_scheduler_type)),
-        optimizer=optimizer_of(trainer),
-        num_warmup_steps=TrainingArguments.get_warmup_steps(warm, total),  # type: ignore[arg-type]
-        num_training_steps=total,
+        optimizer=optimizer,
+        num_warmup_steps=TrainingArguments.get_warmup_steps(warm, max_steps),  # type: ignore[arg-type]
+        num_training_steps=max_steps,
         scheduler_specific_kwargs=saved.get("lr_scheduler_kwargs") or {},
     )
 
@@ -213,12 +196,14 @@ def _global_batch(values: dict[str, Any]) -> int | None:
         return None
 
 
-def check_position_args(trainer: ResumingTrainer, data_state: dict, dataloader: Any, path: str) -> None:
+def check_position_args(
+    args: TrainingArguments, world_size: int, data_state: dict, dataloader: Any, path: str
+) -> None:
     """Refuse a resume whose batch geometry moves the saved position. A different split of the same
     global batch (processes x batch per device x accumulation) is fine: the sampler deals one
     global order, so the position is rescaled (`rescale_position`)."""
-    now: dict[str, Any] = {k: getattr(trainer.args, k) for k in POSITION_ARGS}
-    now["world_size"] = trainer.runtime.world_size
+    now: dict[str, Any] = {k: getattr(args, k) for k in POSITION_ARGS}
+    now["world_size"] = world_size
     dataset = getattr(dataloader, "dataset", None)
     now["dataset_length"] = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None
     same_global = _global_batch(now) == _global_batch(data_state) is not None
@@ -237,9 +222,9 @@ def check_position_args(trainer: ResumingTrainer, data_state: dict, dataloader: 
         )
 
 
-def rescale_position(cursor: LoopCursor, data_state: dict, trainer: ResumingTrainer) -> None:
+def rescale_position(cursor: LoopCursor, data_state: dict, world_size: int, batch_size: int) -> None:
     """Per-process counts of a checkpoint saved with another number of processes (same global batch)."""
-    old, new = data_state.get("world_size", 1), trainer.runtime.world_size
+    old, new = data_state.get("world_size", 1), world_size
     if old == new:
         return
     consumed = cursor.samples_in_epoch * old  # the global position in this epoch's order
@@ -249,17 +234,18 @@ def rescale_position(cursor: LoopCursor, data_state: dict, trainer: ResumingTrai
             f"does not split evenly over them. Use a number of processes that divides it, or ignore_data_skip=True."
         )
     cursor.samples_in_epoch = consumed // new
-    cursor.batch_in_epoch = cursor.samples_in_epoch // trainer.args.per_device_train_batch_size
+    cursor.batch_in_epoch = cursor.samples_in_epoch // batch_size
     cursor.samples_seen = cursor.samples_seen * old // new
     cursor.tokens_seen = cursor.tokens_seen * old // new
     cursor.flops_seen = cursor.flops_seen * old / new
     logger.info("Checkpoint saved with %d processes, resumed with %d: position rescaled.", old, new)
 
 
-def keep_saved_data_order(trainer: ResumingTrainer, dataloader: Any, data_state: dict, path: str) -> None:
+def keep_saved_data_order(
+    args: TrainingArguments, world_size: int, dataloader: Any, data_state: dict, path: str
+) -> None:
     """The interrupted run's data order continues: the sampler's saved state (its seed with it) and
     the loader's worker seeds. A changed seed/data_seed is named in a warning; it applies to new runs."""
-    args = trainer.args
     sampler: Any = getattr(dataloader, "sampler", None)
     saved_seed = data_state.get("seed")
     now_seed = args.data_seed if args.data_seed is not None else args.seed
@@ -274,7 +260,7 @@ def keep_saved_data_order(trainer: ResumingTrainer, dataloader: Any, data_state:
             saved_seed,
         )
     saved_sampler = data_state.get("sampler")
-    same_layout = data_state.get("world_size", 1) == trainer.runtime.world_size
+    same_layout = data_state.get("world_size", 1) == world_size
     if saved_sampler is not None and same_layout and hasattr(sampler, "load_state_dict"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # its own seed warning repeats the one above
@@ -296,13 +282,14 @@ def use_own_loss_window(cursor: LoopCursor, data_state: dict, runtime: Any) -> N
         cursor.loss_window = [sum(v) / len(v) for v in zip(*windows)]
 
 
-def cursor_from_global_step(trainer: ResumingTrainer, global_step: int) -> LoopCursor:
-    ga = trainer.args.gradient_accumulation_steps
-    batches = trainer.cursor.steps_in_epoch
+def cursor_from_global_step(args: TrainingArguments, steps_in_epoch: int, global_step: int) -> LoopCursor:
+    """The position of a checkpoint without data_state.json (transformers'), from its global_step."""
+    ga = args.gradient_accumulation_steps
+    batches = steps_in_epoch
     cursor = LoopCursor(steps_in_epoch=batches, steps_applied=global_step, steps_attempted=global_step)
     if batches:
         updates = max(-(-batches // ga), 1)
         cursor.epoch = global_step // updates
         cursor.batch_in_epoch = min((global_step % updates) * ga, batches)
-        cursor.samples_in_epoch = cursor.batch_in_epoch * trainer.args.per_device_train_batch_size
+        cursor.samples_in_epoch = cursor.batch_in_epoch * args.per_device_train_batch_size
     return cursor

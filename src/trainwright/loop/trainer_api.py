@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 import torch
@@ -25,8 +25,9 @@ from trainwright import data as data_utils
 from trainwright.args.accelerator_config import AcceleratorConfig
 from trainwright.args.training_args import TrainingArguments
 from trainwright.core.events import TrainerCallback
-from trainwright.core.state import metric_improves
+from trainwright.core.state import LoopCursor, TrainerState, metric_improves
 from trainwright.loop import batch_size_finder, dataloaders, hub, optimization, prediction
+from trainwright.loop.run import TrainingRun
 from trainwright.loop.trainer_setup import TrainerSetup
 from trainwright.observe.flops import FlopsEstimator
 from trainwright.observe.metrics import (
@@ -105,8 +106,8 @@ class TrainerAPI(TrainerSetup):
 
     @property
     def deepspeed(self) -> Any:
-        """The DeepSpeed engine while a `deepspeed` run trains, else None."""
-        return self._engine.deepspeed if self._engine is not None else None
+        """The DeepSpeed engine of the current (or last) `deepspeed` run, else None."""
+        return self._run.engine.deepspeed if self._run is not None else None
 
     @property
     def is_model_parallel(self) -> bool:
@@ -117,6 +118,11 @@ class TrainerAPI(TrainerSetup):
     @property
     def place_model_on_device(self) -> bool:
         return not self.is_model_parallel and not (self.args.fp16_full_eval or self.args.bf16_full_eval)
+
+    @property
+    def cursor(self) -> LoopCursor:
+        """Where the current (or last) run is: samples, tokens, FLOPs seen, steps, epoch position."""
+        return self._run.cursor if self._run is not None else LoopCursor()
 
     @property
     def current_flos(self) -> float:
@@ -279,8 +285,17 @@ class TrainerAPI(TrainerSetup):
         return isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
     def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module:
-        """The model as training runs it: DDP or FSDP2 over several processes, else itself."""
-        return self.runtime.wrap_model(model, self.args) if training else model
+        """The model as training runs it: DDP or FSDP2 over several processes, else itself (the
+        run's engine decides)."""
+        if not training or self._run is None:
+            return model
+        return self._run.engine.wrap(model)
+
+    def _fire(self, event: str, state: TrainerState | None = None, **kwargs: Any) -> None:
+        """Send `event` to the callbacks that listen to it; `control` is what they return."""
+        self.control = self.callback_handler.call_event(
+            event, self.args, self.state if state is None else state, self.control, **kwargs
+        )
 
     def _log_training_window(
         self, grad_norm: Any = None, learning_rate: float | None = None, start_time: float | None = None
@@ -305,8 +320,9 @@ class TrainerAPI(TrainerSetup):
 
     def _read_loss_window(self) -> tuple[float, int]:
         """The unlogged steps' summed loss and how many were not finite (warned about, by step)."""
-        cursor = self.cursor
-        loss_sum, nonfinite = self._losses.step_sum(
+        assert self._run is not None  # training windows are read while a run trains
+        cursor = self._run.cursor
+        loss_sum, nonfinite = self._run.losses.step_sum(
             cursor.steps_since_log, self.runtime, self.args.logging_nan_inf_filter
         )
         if nonfinite:
@@ -335,18 +351,19 @@ class TrainerAPI(TrainerSetup):
         self.state.total_flos = self.cursor.flops_seen * self.runtime.world_size
 
     # ------------------------------------------------------------------ log / evaluate / save
-    def _log_save_evaluate_args(self, trial: Any, epoch: int, ignore_keys_for_eval: Any) -> tuple:
+    def _log_save_evaluate_args(self, run: TrainingRun, epoch: int) -> tuple:
+        """`_maybe_log_save_evaluate`'s arguments, in upstream's order."""
         # tr_loss is only materialised for a subclass that overrides the method (it costs a stack)
-        tr_loss = self._losses.window_sum(self.cursor.steps_since_log) if self._custom_lse else None
+        tr_loss = run.losses.window_sum(run.cursor.steps_since_log) if run.custom_lse else None
         return (
             tr_loss,
-            self._grad_norm,
+            run.grad_norm,
             self.model_wrapped,
-            trial,
+            run.trial,
             epoch,
-            ignore_keys_for_eval,
-            self._start_time,
-            self._last_lr,
+            run.ignore_keys_for_eval,
+            run.start_time,
+            run.last_lr,
         )
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -355,12 +372,14 @@ class TrainerAPI(TrainerSetup):
             logs["epoch"] = self.state.epoch
         if self.args.include_num_input_tokens_seen != "no":
             logs["num_input_tokens_seen"] = self.state.num_input_tokens_seen
-            if start_time is not None:  # v5: this train() call's tokens over its time so far
-                tokens = self.state.num_input_tokens_seen - self._input_tokens_seen_at_start
+            if (
+                start_time is not None and self._run is not None
+            ):  # v5: this call's tokens over its time so far
+                tokens = self.state.num_input_tokens_seen - self._run.input_tokens_at_start
                 logs.update(speed_metrics("train", start_time, num_tokens=tokens))
-        self.control = self.callback_handler.on_pre_log(self.args, self.state, self.control, logs=logs)
+        self._fire("on_pre_log", logs=logs)
         self.state.log_history.append({**logs, "step": self.state.global_step})
-        self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs=logs)
+        self._fire("on_log", logs=logs)
 
     def _evaluate(
         self, trial: Any, ignore_keys_for_eval: Any, skip_scheduler: bool = False
@@ -431,7 +450,8 @@ class TrainerAPI(TrainerSetup):
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
         """Create the Hub repository `args.hub_model_id` (default: output_dir's name) if it does not
         exist and keep its id in `self.hub_model_id` (main process only)."""
-        hub.init_repo(self, token=token, private=private)
+        self.hub_model_id = hub.init_repo(self, token=token, private=private)
+        self.push_in_progress = None
 
     def create_model_card(
         self,
@@ -477,7 +497,9 @@ class TrainerAPI(TrainerSetup):
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
         """Push a checkpoint just saved in the background, as `hub_strategy` says."""
-        hub.push_from_checkpoint(self, checkpoint_folder)
+        pushed = hub.push_from_checkpoint(self, checkpoint_folder)
+        if pushed is not None:
+            self.push_in_progress = pushed
 
     def _finish_current_push(self) -> None:
         """Wait for the background push of the last checkpoint."""
@@ -528,3 +550,17 @@ class TrainerAPI(TrainerSetup):
         from trainwright.loop.hpo import run_hyperparameter_search
 
         return run_hyperparameter_search(self, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def _hp_search_scope(self, backend: str, search: Any) -> Iterator[None]:
+        """While a search runs: its backend and state on the Trainer; the caller's arguments back after."""
+        base_args = self.args
+        self.hp_search_backend, self._hp_search = backend, search
+        try:
+            yield
+        finally:
+            self.args, self.hp_search_backend, self._hp_search = base_args, None, None
+
+    def _set_trial_args(self, args: TrainingArguments) -> None:
+        """A search trial's arguments (the base arguments with the trial's values)."""
+        self.args = args

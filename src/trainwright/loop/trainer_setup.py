@@ -14,7 +14,7 @@ import importlib.util
 import logging
 import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -24,27 +24,17 @@ from torch.utils.data import Dataset, IterableDataset
 from trainwright import data as data_utils
 from trainwright.args.training_args import TrainingArguments
 from trainwright.callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCallback
-from trainwright.checkpoint.async_writer import AsyncCheckpointWriter, GroupCollectives
 from trainwright.checkpoint.output_lock import create_output_dir
 from trainwright.core.enums import DebugOption
 from trainwright.core.events import CallbackHandler, TrainerCallback
 from trainwright.core.seed import enable_full_determinism, set_seed
-from trainwright.core.state import LoopCursor, TrainerControl, TrainerState
-from trainwright.distributed import device_cache
-from trainwright.distributed.engine import Engine
-from trainwright.distributed.preemption import PreemptionGuard
+from trainwright.core.state import TrainerControl, TrainerState
 from trainwright.distributed.runtime import Runtime, get_runtime
 from trainwright.loop import dataloaders, hub
+from trainwright.loop.run import TrainingRun, empty_training_message
 from trainwright.modeling import debug_underflow, liger, neftune
-from trainwright.modeling.loss import (
-    LabelSmoother,
-    LossWindow,
-    items_in_batch,
-    label_shift_for,
-    loss_honours_num_items,
-)
-from trainwright.modeling.loss import model_accepts_loss_kwargs as _detect_loss_kwargs
-from trainwright.modeling.past_state import PastState
+from trainwright.modeling.loss import LabelSmoother, LossFacts, items_in_batch, loss_honours_num_items
+from trainwright.modeling.past_state import PastState, PastStateCallback
 from trainwright.observe.flops import FlopsEstimator
 from trainwright.observe.memory import TrainerMemoryTracker
 from trainwright.reporters import get_reporting_integration_callbacks
@@ -58,7 +48,8 @@ logger = logging.getLogger(__name__)
 class TrainerSetup:
     """Construction and run sizing of the Trainer (upstream's signatures)."""
 
-    # Set by Trainer.__init__ and train(); declared here, where the methods of all three classes read them.
+    # Set by __init__ (upstream's attributes, and `_run`: the current or last train() call's run);
+    # declared here, where the methods of all three classes read them.
     args: TrainingArguments
     runtime: Runtime
     model: nn.Module
@@ -77,7 +68,6 @@ class TrainerSetup:
     callback_handler: CallbackHandler
     state: TrainerState
     control: TrainerControl
-    cursor: LoopCursor
     scaler: torch.amp.GradScaler | None
     label_names: list[str]
     label_smoother: LabelSmoother | None
@@ -87,47 +77,23 @@ class TrainerSetup:
     hub_model_id: str | None
     push_in_progress: hub.PushInProgress | None
     neftune_noise_alpha: float | None
+    _run: TrainingRun | None
+    _loss_facts: LossFacts
     _memory_tracker: TrainerMemoryTracker
     _flops: FlopsEstimator | None
-    _losses: LossWindow
-    _trial: Any
-    _label_shift: bool
-    _grad_norm: torch.Tensor | float | None
-    _last_lr: float | None
-    _created_scheduler = False
-    _custom_lse = False  # train(): a subclass overrides _maybe_log_save_evaluate (called every step)
-    _plain_forward = False  # train(): no autocast and no overridden loss context (training_step skips it)
-    _train_mode_of: Any = None  # the optimizer whose `train` (schedule-free) _optimizer_train holds
-    _optimizer_train: Any = None
-    # Methods of TrainerAPI / Trainer these call back into (overridable there).
+    _signature_columns: list[str] | None
+    _created_scheduler: bool
+    _train_batch_size: int
+    _hp_search: _Search | None  # hpo's search while one runs (hyperparameter_search sets it)
+    _overflow_detector: Any  # debug="underflow_overflow": a debug_underflow.DebugUnderflowOverflow
+    # Upstream hooks that the classes below define and that this class's methods (or the parts they
+    # hand `self` to) call: overridable there.
     init_hf_repo: Callable[..., None]
     compute_loss_context_manager: Callable[[], contextlib.AbstractContextManager]
     _prepare_inputs: Callable[[Any], Any]
-    train: Callable[..., Any]
-    compute_loss: Callable[..., Any]
-    save_model: Callable[..., None]
-    _preempted: Callable[[], bool]
-    _scheduler_is_plateau: Callable[[], bool]
-    _passes_num_items = False
-    _accepts_loss_kwargs = False
-    _probe_loss_kwargs = False
-    _epoch_geometry: tuple[int, int] | None = None
-    _signature_columns: list[str] | None = None
-    _hp_search: _Search | None  # hpo's search while one runs (hyperparameter_search sets it)
-    _start_time: float | None = None
-    _preemption: PreemptionGuard | None = None
-    _checkpoint_writer: AsyncCheckpointWriter | None = None  # async_save: made at its first save
-    _checkpoint_collectives: GroupCollectives | None = None  # its process group, with several processes
-    _eval_stops_on_preemption = False  # True while the loop's own evaluation runs (stops on preemption)
-    _iterable_restored = False
-    _engine: Engine | None = None  # the backend's engine of the current train() call
-    _train_batch_size: int | None = None  # auto_find_batch_size: the per-device size that fitted
-    _neftune_hook: Any = None  # NEFTune's forward hook while train() runs
-    _overflow_detector: Any = None  # debug="underflow_overflow": a debug_underflow.DebugUnderflowOverflow
-    _empty_cache: device_cache.EmptyCacheEvery | None = None  # torch_empty_cache_steps
-    _past_state: PastState | None = None  # past_index >= 0: the memory fed back as `mems`
-    _tokens_at_start = 0  # cursor.tokens_seen when this train() call began (include_tokens_per_second)
-    _input_tokens_seen_at_start = 0  # state.num_input_tokens_seen then (per-row train_tokens_per_second)
+    train: Callable[..., Any]  # Trainer
+    compute_loss: Callable[..., Any]  # Trainer
+    save_model: Callable[..., None]  # Trainer
 
     def __init__(
         self,
@@ -153,13 +119,7 @@ class TrainerSetup:
             warnings.warn("`tokenizer` is deprecated: pass `processing_class`.", FutureWarning, stacklevel=2)
             processing_class = processing_class if processing_class is not None else tokenizer
         self.runtime = get_runtime(use_cpu=args.use_cpu, backend=args.ddp_backend, timeout_s=args.ddp_timeout)
-        if (args.log_level if args.should_log else args.log_level_replica) != "passive":
-            level = args.get_process_log_level()  # replicas: warning
-            logging.getLogger("trainwright").setLevel(level)
-            if importlib.util.find_spec("transformers") is not None:  # as upstream's Trainer does
-                import transformers.utils.logging as hf_logging
-
-                hf_logging.set_verbosity(level)
+        _set_log_level(args)
         if DebugOption.TPU_METRICS_DEBUG in args.debug:
             raise ValueError(
                 'debug="tpu_metrics_debug" (tpu_metrics_debug=True) prints the TPU metrics report of torch_xla, '
@@ -173,24 +133,13 @@ class TrainerSetup:
         self._memory_tracker = TrainerMemoryTracker(args.skip_memory_metrics, self.runtime.device)
         self._memory_tracker.start("init")
 
-        if model is not None and model_init is not None:
-            raise ValueError("Trainer takes `model` or `model_init`, not both.")
-        if model is None and model_init is None:
-            raise RuntimeError("Trainer needs a `model` or a `model_init`.")
-        if model_init is not None and optimizers != (None, None):
-            raise ValueError("`optimizers` cannot be used with `model_init`: each trial builds its own.")
-        if args.fsdp and optimizers[0] is not None:
-            raise ValueError(
-                "`optimizers` cannot be used with `fsdp`: sharding replaces the model's parameters, so the "
-                "optimizer must be built afterwards. Pass `optimizer_cls_and_kwargs` instead."
-            )
-        if optimizers != (None, None) and optimizer_cls_and_kwargs is not None:
-            raise ValueError("Pass `optimizers` or `optimizer_cls_and_kwargs`, not both.")
+        _check_model_arguments(args, model, model_init, optimizers, optimizer_cls_and_kwargs)
         self.model_init = model_init
         if model is None:
             model = self.call_model_init()
         self.model = self._place(model)
         self.model_wrapped = self.model
+        self.label_names, self.can_return_loss, self.label_smoother, self._loss_facts = self._model_facts()
         self.processing_class = processing_class
         self.compute_loss_func = compute_loss_func
         self.compute_metrics = compute_metrics
@@ -206,11 +155,10 @@ class TrainerSetup:
                 else data_utils.default_data_collator
             )
         self.data_collator = data_collator
-        self._configure_model_facts()
         self._validate_data()
 
         default = DEFAULT_CALLBACKS + get_reporting_integration_callbacks(args.report_to)
-        callbacks = default + list(callbacks or [])
+        callbacks = default + _plugins(args, self.model) + list(callbacks or [])
         callbacks.append(PrinterCallback if args.disable_tqdm else ProgressCallback)
         self.callback_handler = CallbackHandler(
             callbacks, self.model, self.processing_class, self.optimizer, self.lr_scheduler
@@ -226,13 +174,17 @@ class TrainerSetup:
             is_world_process_zero=self.is_world_process_zero(),
         )
         self.control = TrainerControl()
-        self.cursor = LoopCursor()
         self.scaler = None
         self.is_in_train = False
         self.hp_search_backend = None
         self.neftune_noise_alpha = args.neftune_noise_alpha
+        self._run = None
         self._flops = None
-        self._trial = None
+        self._signature_columns = None
+        self._created_scheduler = False
+        self._train_batch_size = args.train_batch_size  # as upstream (auto_find_batch_size keeps its size)
+        self._hp_search = None
+        self._overflow_detector = None
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
         self._memory_tracker.stop_and_update_metrics("init")
 
@@ -245,18 +197,13 @@ class TrainerSetup:
             return model  # cast and placed when evaluating
         return model.to(self.runtime.device)
 
-    def _configure_model_facts(self) -> None:
-        model = self.model
-        detected = _detect_loss_kwargs(model)
-        self._accepts_loss_kwargs = detected is not False  # upstream's reading of **kwargs until measured
-        self._probe_loss_kwargs = detected is None
-        self.label_names = (
-            list(self.args.label_names) if self.args.label_names is not None else self._find_labels(model)
-        )
-        self.can_return_loss = "return_loss" in _forward_params(model)
-        self._label_shift = label_shift_for(model)
-        eps = self.args.label_smoothing_factor
-        self.label_smoother = LabelSmoother(epsilon=eps) if eps != 0 else None
+    def _model_facts(self) -> tuple[list[str], bool, LabelSmoother | None, LossFacts]:
+        """(label_names, can_return_loss, label_smoother, loss facts) of `self.model`, as upstream
+        derives them in `__init__` (again for each model `model_init` builds)."""
+        model, args = self.model, self.args
+        label_names = list(args.label_names) if args.label_names is not None else self._find_labels(model)
+        eps = args.label_smoothing_factor
+        smoother = LabelSmoother(epsilon=eps) if eps != 0 else None
         if (
             eps != 0
             and getattr(getattr(model, "config", None), "problem_type", None) == "multi_label_classification"
@@ -267,9 +214,10 @@ class TrainerSetup:
                 UserWarning,
                 stacklevel=3,
             )
-            self.label_smoother = None
+            smoother = None
         if getattr(model, "config", None) is not None and hasattr(model.config, "use_cache"):
-            model.config.use_cache = self.args.use_cache
+            model.config.use_cache = args.use_cache
+        return label_names, "return_loss" in _forward_params(model), smoother, LossFacts.of(model)
 
     @staticmethod
     def _find_labels(model: nn.Module) -> list[str]:
@@ -297,16 +245,34 @@ class TrainerSetup:
             raise RuntimeError("model_init returned None: it must return a torch.nn.Module.")
         return model
 
-    def _start_train_hooks(self) -> None:
-        """Patches and hooks the arguments ask for on the model being trained: Liger kernels, the
-        inf/nan detector (kept afterwards, as upstream's) and NEFTune (removed when train() ends)."""
+    @contextlib.contextmanager
+    def _train_hooks(self) -> Iterator[None]:
+        """Patches and hooks the arguments ask for on the model being trained, for one train() call:
+        Liger kernels, the inf/nan detector (kept afterwards, as upstream's) and NEFTune (removed
+        when train() ends)."""
         args = self.args
         if args.use_liger_kernel:
             liger.apply(self.model, args.liger_kernel_config, self.runtime.device)
         if DebugOption.UNDERFLOW_OVERFLOW in args.debug:
             self._overflow_detector = debug_underflow.watch(self.model, self._overflow_detector)
-        if args.neftune_noise_alpha is not None:
-            self._neftune_hook = neftune.activate(self.model, args.neftune_noise_alpha)
+        hook = (
+            neftune.activate(self.model, args.neftune_noise_alpha)
+            if args.neftune_noise_alpha is not None
+            else None
+        )
+        try:
+            yield
+        finally:
+            if hook is not None:  # NEFTune perturbs this call's training only
+                hook.remove()
+
+    def _check_eval_dataset(self) -> None:
+        args = self.args
+        if args.eval_strategy != "no" and self.eval_dataset is None:
+            strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
+            raise ValueError(
+                f"eval_strategy={strategy!r} needs an eval_dataset: pass one to the Trainer or set eval_strategy='no'."
+            )
 
     def set_initial_training_values(
         self, args: TrainingArguments, dataloader: Any
@@ -318,7 +284,7 @@ class TrainerSetup:
         if data_utils.has_length(dataloader):
             batches = len(dataloader)
             if batches == 0:
-                raise ValueError(self._empty_training_message(dataloader))
+                raise ValueError(empty_training_message(dataloader, args, self.runtime.world_size))
             updates_per_epoch = max(math.ceil(batches / ga), 1)
             examples = self.num_examples(dataloader)
             if args.max_steps > 0:
@@ -339,38 +305,28 @@ class TrainerSetup:
         # steps_in_epoch 0: the epoch has no known end, it runs until max_steps
         return 2**62, args.max_steps, samples, samples, total_batch, 0, args.max_steps
 
-    def _empty_training_message(self, dataloader: Any) -> str:
-        dataset: Any = getattr(dataloader, "dataset", None)
-        size = len(dataset) if data_utils.has_length(dataset) else "?"
-        args = self.args
-        return (
-            f"The training data gives no batch: train_dataset ({type(dataset).__name__}) has {size} samples, "
-            f"per_device_train_batch_size={args.per_device_train_batch_size}, processes={self.runtime.world_size}, "
-            f"dataloader_drop_last={args.dataloader_drop_last}. Give it more samples, a smaller batch, or "
-            "dataloader_drop_last=False."
-        )
-
     def _measure_loss_kwargs(self, micro_batches: list, num_items: torch.Tensor) -> None:
         """Settle, once per run, whether a `**kwargs` forward really divides by `num_items_in_batch`
         (measured on a micro-batch with label targets: one without any says nothing)."""
+        facts = self._loss_facts
         if self.compute_loss_func is not None or self.label_smoother is not None:
-            self._probe_loss_kwargs = False
+            facts.probe = False
             return  # the model is not given num_items_in_batch then
-        inputs = next((b for b in micro_batches if _has_targets(b, self._label_shift)), None)
+        inputs = next((b for b in micro_batches if _has_targets(b, facts.label_shift)), None)
         if inputs is None:
             if not any(
                 isinstance(b, Mapping) and isinstance(b.get("labels"), torch.Tensor) for b in micro_batches
             ):
-                self._probe_loss_kwargs = False  # no labels at all: nothing to measure, ever
+                facts.probe = False  # no labels at all: nothing to measure, ever
             return  # this step's labels are all ignored: measure on a later step
-        self._probe_loss_kwargs = False
+        facts.probe = False
         with self.compute_loss_context_manager():
             honoured = loss_honours_num_items(
                 self.model, self._prepare_inputs(inputs), num_items.to(self.runtime.device)
             )
         if self.runtime.distributed:  # every process must take the same path
             honoured = not self.runtime.any_process(not honoured)
-        self._accepts_loss_kwargs = honoured
+        facts.accepts_loss_kwargs = honoured
         logger.info(
             "%s %s num_items_in_batch: %s.",
             type(self.model).__name__,
@@ -381,12 +337,12 @@ class TrainerSetup:
     @property
     def model_accepts_loss_kwargs(self) -> bool:
         """Whether the model's loss uses `num_items_in_batch` (upstream's attribute; may be set)."""
-        return self._accepts_loss_kwargs
+        return self._loss_facts.accepts_loss_kwargs
 
     @model_accepts_loss_kwargs.setter
     def model_accepts_loss_kwargs(self, value: bool) -> None:
-        self._accepts_loss_kwargs = bool(value)
-        self._probe_loss_kwargs = False  # the user's word wins over a measurement
+        self._loss_facts.accepts_loss_kwargs = bool(value)
+        self._loss_facts.probe = False  # the user's word wins over a measurement
 
     def is_local_process_zero(self) -> bool:
         return self.runtime.is_local_main_process
@@ -402,6 +358,45 @@ class TrainerSetup:
     def get_total_train_batch_size(self, args: TrainingArguments) -> int:
         """Samples per optimizer step over every process: batch x accumulation x processes."""
         return args.per_device_train_batch_size * args.gradient_accumulation_steps * self.runtime.world_size
+
+
+def _plugins(args: TrainingArguments, model: nn.Module) -> list[TrainerCallback]:
+    """Callbacks that add an optional model feature outside the training step."""
+    if args.past_index < 0:
+        return []
+    past = PastState(args.past_index)  # past_index: the model's memory fed back as `mems` (v4)
+    past.attach(model)
+    return [PastStateCallback(past)]
+
+
+def _set_log_level(args: TrainingArguments) -> None:
+    """This process's log level for trainwright (and transformers, as upstream's Trainer sets it)."""
+    if (args.log_level if args.should_log else args.log_level_replica) == "passive":
+        return
+    level = args.get_process_log_level()  # replicas: warning
+    logging.getLogger("trainwright").setLevel(level)
+    if importlib.util.find_spec("transformers") is not None:
+        import transformers.utils.logging as hf_logging
+
+        hf_logging.set_verbosity(level)
+
+
+def _check_model_arguments(
+    args: TrainingArguments, model: Any, model_init: Any, optimizers: tuple, optimizer_cls_and_kwargs: Any
+) -> None:
+    if model is not None and model_init is not None:
+        raise ValueError("Trainer takes `model` or `model_init`, not both.")
+    if model is None and model_init is None:
+        raise RuntimeError("Trainer needs a `model` or a `model_init`.")
+    if model_init is not None and optimizers != (None, None):
+        raise ValueError("`optimizers` cannot be used with `model_init`: each trial builds its own.")
+    if args.fsdp and optimizers[0] is not None:
+        raise ValueError(
+            "`optimizers` cannot be used with `fsdp`: sharding replaces the model's parameters, so the "
+            "optimizer must be built afterwards. Pass `optimizer_cls_and_kwargs` instead."
+        )
+    if optimizers != (None, None) and optimizer_cls_and_kwargs is not None:
+        raise ValueError("Pass `optimizers` or `optimizer_cls_and_kwargs`, not both.")
 
 
 def _signature_params(fn: Callable) -> list:

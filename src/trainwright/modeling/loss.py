@@ -16,6 +16,10 @@ n those of one micro-batch:
   (``mean * n / N = sum / N``, the same update);
 - a Trainer subclass that sets ``loss_is_scaled_for_ga = True`` takes responsibility itself.
 
+Which of the two a loss is follows from declared facts alone (:func:`loss_is_normalised`), the same
+rule in ``compute_loss`` (whether to pass N) and in the accumulation scaling, as upstream's
+``model_accepts_loss_kwargs`` rule: a ``compute_loss`` override is scaled by that rule too.
+
 Under DDP the loss is then multiplied by the world size, since DDP averages gradients.
 """
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,6 +49,39 @@ def model_accepts_loss_kwargs(model: torch.nn.Module) -> bool | None:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return None
     return False
+
+
+@dataclass
+class LossFacts:
+    """What the loss contract needs to know of one model: whether its loss divides by
+    ``num_items_in_batch`` (and whether that is still to be measured, for a ``**kwargs`` forward),
+    and whether its labels are shifted inside its loss (a causal LM)."""
+
+    accepts_loss_kwargs: bool
+    probe: bool
+    label_shift: bool
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> LossFacts:
+        detected = model_accepts_loss_kwargs(model)
+        # a **kwargs forward: upstream's reading (it takes them) until measured
+        return cls(detected is not False, detected is None, label_shift_for(model))
+
+
+def loss_is_normalised(
+    *,
+    accepts_loss_kwargs: bool,
+    has_loss_func: bool,
+    has_smoother: bool,
+    has_labels: bool,
+    num_items: torch.Tensor | None,
+) -> bool:
+    """Whether a micro-batch's loss is already ``sum / N`` (N: the step's items): the labels go to a
+    ``compute_loss_func`` or the label smoother with N, or to a model whose loss takes N. Otherwise
+    it is a mean over the micro-batch, weighted by its share of the items."""
+    if num_items is None or not has_labels:
+        return False
+    return has_loss_func or has_smoother or accepts_loss_kwargs
 
 
 def _loss_of(outputs: Any) -> torch.Tensor | None:

@@ -1,0 +1,75 @@
+"""The layout of a checkpoint folder: one row per part name, the only table of them.
+
+A checkpoint is a mapping `{name: part}` (see `manager.py`); each name has a row here saying where
+the part lives in the folder and what a resume requires of it. The manager writes and reads parts by
+these rows, `verify.check_checkpoint_files` checks the files by them, and the resume rules ask which
+rows are required. Adding a part to checkpoints is its object (a Stateful with `state_dict()` /
+`load_state_dict()`, or a folder part with `save(folder)` / `load(folder)`) plus one row here.
+
+Kinds: "torch" and "json" are Stateful parts whose state dict is one file (`torch.save` read back
+weights-only, or JSON); "weights" is the model's weights (safetensors, shards, or `pytorch_model.bin`),
+"folder" a format of the part's own (FSDP's DCP folders, DeepSpeed's engine checkpoint); both save
+and load themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainwright.checkpoint.files import (
+    DATA_STATE_NAME,
+    OPTIMIZER_NAME,
+    RNG_STATE_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+    TRAINER_STATE_NAME,
+    WEIGHTS_NAME,
+)
+
+
+@dataclass(frozen=True)
+class PartSpec:
+    """Where part `name` lives and what a resume requires of it.
+
+    `file`: the file of a Stateful part (per process when `every_process`: `rng_state_<rank>.pth`),
+    or what shows that a weights/folder part is present. `required`: a resume refuses a checkpoint
+    without it. `optimizer_state`: part of the training state that `save_only_model` leaves out and a
+    weights-only resume does not read.
+    """
+
+    file: str
+    kind: str  # "torch" | "json" | "weights" | "folder"
+    required: bool = False
+    every_process: bool = False
+    optimizer_state: bool = False
+
+    @property
+    def stateful(self) -> bool:
+        """Whether the part is a state dict in one file (else it saves and loads itself)."""
+        return self.kind in ("torch", "json")
+
+
+# Restoring loads parts in this order: weights and optimizer before the schedule that drives it, the
+# trainer state before the data position that may be rebuilt from its global_step, RNG state last.
+PARTS: dict[str, PartSpec] = {
+    "model": PartSpec(WEIGHTS_NAME, "weights", required=True),
+    "sharded": PartSpec("pytorch_model_fsdp_0", "folder"),  # FSDP2: model (and optimizer) in DCP
+    "deepspeed": PartSpec("deepspeed", "folder", optimizer_state=True),  # DeepSpeed's engine checkpoint
+    "optimizer": PartSpec(OPTIMIZER_NAME, "torch", required=True, optimizer_state=True),
+    "scheduler": PartSpec(SCHEDULER_NAME, "torch", required=True, optimizer_state=True),
+    "scaler": PartSpec(SCALER_NAME, "torch", optimizer_state=True),
+    "trainer_state": PartSpec(TRAINER_STATE_NAME, "json", required=True),
+    "data_state": PartSpec(DATA_STATE_NAME, "json"),
+    "rng": PartSpec(RNG_STATE_NAME, "torch", every_process=True, optimizer_state=True),
+}
+
+
+def spec(name: str) -> PartSpec:
+    """The row of part `name`; an unknown name is an error naming the table."""
+    try:
+        return PARTS[name]
+    except KeyError:
+        raise KeyError(
+            f"checkpoint part {name!r} has no row in trainwright.checkpoint.layout.PARTS "
+            f"(known: {sorted(PARTS)}); add one saying where it is stored"
+        ) from None

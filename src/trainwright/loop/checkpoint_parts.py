@@ -1,0 +1,389 @@
+"""What a checkpoint of a training run holds: the mapping of parts handed to
+`trainwright.checkpoint.manager`, for a save and for a restore.
+
+Each part saves and restores itself, and a part whose restore can refuse a resume checks it in its
+own `check(saved, folder)` (the manager runs every check before anything is loaded):
+
+* "model": `ModelFiles` (weights, config, training_args.json, processing class, through the Trainer's
+  overridable `_save` / `save_model` / `_load_from_checkpoint`);
+* the engine's: "optimizer" (`OptimizerPart`: refuses another optimizer's state), or "sharded" (DCP
+  folders), or "deepspeed";
+* "scheduler" (`SchedulerPart`: the checkpoint's schedule continues), "scaler", "rng" (`RngPart`,
+  restored through the Trainer's `_load_rng_state`);
+* "data_state" (`DataState`: the cursor, sampler position and loss windows; refuses a changed batch
+  geometry), "trainer_state" (`TrainerStateFile`: TrainerState with the stateful callbacks);
+* any callback that names a row of `layout.PARTS` in its `checkpoint_part` attribute (a Stateful:
+  `state_dict()` / `load_state_dict()`), e.g. an EMA of the weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+import trainwright.checkpoint as ckpt
+from trainwright.checkpoint.layout import spec
+from trainwright.checkpoint.rng import RngState
+from trainwright.checkpoint.weights import model_state_dict
+from trainwright.core.events import CallbackHandler
+from trainwright.core.state import ExportableState, LoopCursor, TrainerControl, TrainerState
+from trainwright.loop import resume
+from trainwright.loop.run import TrainingRun
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointedTrainer(Protocol):
+    """What checkpoints need of the Trainer (a Protocol, so this module never imports the Trainer)."""
+
+    args: Any
+    runtime: Any
+    state: TrainerState
+    control: TrainerControl
+    callback_handler: CallbackHandler
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | None
+    lr_scheduler: Any
+    scaler: Any
+    processing_class: Any
+    data_collator: Any
+    optimizer_cls_and_kwargs: Any
+    hp_search_backend: str | None
+    _created_scheduler: bool
+
+    def store_flos(self) -> None: ...
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None: ...
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None: ...
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None: ...
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None: ...
+    def _load_rng_state(self, checkpoint: str | None) -> None: ...
+    def _overrides(self, name: str) -> bool: ...
+    def _hp_trial_record(self, trial: Any) -> tuple[str, dict[str, Any]]: ...
+
+
+def build_parts(
+    trainer: CheckpointedTrainer, run: TrainingRun, *, main: bool, restore_from: str | None = None
+) -> dict[str, Any]:
+    """The mapping of parts of a checkpoint of this run: to save now (every rank calls it: the loss
+    windows are gathered), or to restore folder `restore_from`."""
+    args, engine = trainer.args, run.engine
+    with_optimizer = not args.save_only_model
+    engine_parts = engine.checkpoint_parts(with_optimizer, restore_from)
+    if "optimizer" in engine_parts:
+        engine_parts["optimizer"] = OptimizerPart(trainer, engine_parts["optimizer"])
+    parts: dict[str, Any] = {
+        "model": ModelFiles(trainer, run, main, restore_from, engine_parts),
+        **engine_parts,
+    }
+    if with_optimizer or restore_from is not None:  # a scheduler.pt is restored even without the optimizer
+        parts["scheduler"] = SchedulerPart(trainer, run)
+    if with_optimizer:
+        if trainer.scaler is not None:
+            parts["scaler"] = trainer.scaler
+        parts["rng"] = RngPart(trainer)
+    windows = None
+    if restore_from is None:
+        trainer.state.stateful_callbacks = callback_states(trainer.callback_handler, trainer.control)
+        windows = trainer.runtime.all_gather_object(run.losses.values(run.cursor.steps_since_log))
+        run.cursor.loss_window = windows[trainer.runtime.rank]
+    parts["data_state"] = DataState(trainer, run, windows)
+    parts["trainer_state"] = TrainerStateFile(trainer)
+    for cb in trainer.callback_handler.callbacks:  # callbacks that are checkpoint parts of their own
+        name = getattr(cb, "checkpoint_part", None)
+        if name is not None:
+            spec(name)  # a row of layout.PARTS says where it lives
+            parts[name] = cb
+    return parts
+
+
+# ---------------------------------------------------------------------- the model
+class ModelFiles:
+    """The "model" part: weights (or, where the engine holds them in its own format, the model's
+    config only), training_args.json and the processing class, through the Trainer's overridable
+    `_save` / `save_model` so that a subclass's override writes them; restored through
+    `_load_from_checkpoint` unless the engine's part restores the weights."""
+
+    def __init__(
+        self,
+        trainer: CheckpointedTrainer,
+        run: TrainingRun,
+        main: bool,
+        restore_from: str | None,
+        engine_parts: dict[str, Any],
+    ) -> None:
+        self.trainer, self.main = trainer, main
+        engine = run.engine
+        # FSDP2: the DCP folders hold the weights; restoring DCP or DeepSpeed's checkpoint loads them
+        self.describe_only = engine.weights_in_own_format or any(
+            getattr(p, "holds_weights", False) for p in engine_parts.values()
+        )
+        self.custom = trainer._overrides("save_model")
+        self.weights: dict | None = None
+        if restore_from is None and not (self.custom or self.describe_only):
+            self.weights = engine.full_state_dict()  # DeepSpeed ZeRO-3 gathers now, on every rank
+
+    def save(self, folder: str) -> None:
+        if self.main and self.describe_only:
+            write_model(self.trainer, folder, weights=False)
+        elif self.custom:  # a subclass's save_model is called as upstream calls it, on every rank
+            self.trainer.save_model(folder, _internal_call=True)
+        elif self.main:  # what save_model(_internal_call=True) does, without gathering the weights again
+            self.trainer._save(folder, state_dict=self.weights)
+
+    def load(self, folder: str) -> None:
+        if not self.describe_only:
+            self.trainer._load_from_checkpoint(folder)
+
+    def stage(self) -> dict | None:
+        """For a background write (`async_writer.StagedPart`): the weights `save` would write, taken
+        now (None where this process writes none, or writes only the model's description)."""
+        if self.custom:
+            raise RuntimeError("a subclass's save_model runs as upstream runs it: save synchronously")
+        if not self.main or self.describe_only:
+            return None
+        return self.weights if self.weights is not None else model_state_dict(self.trainer.model)
+
+    def save_staged(self, folder: str, staged: dict | None, group: Any = None) -> None:
+        """`save` from the staged weights, on the writer thread (the same files)."""
+        if self.main and self.describe_only:
+            write_model(self.trainer, folder, weights=False)
+        elif self.main:
+            self.trainer._save(folder, state_dict=staged)
+
+
+def write_model(
+    trainer: CheckpointedTrainer, directory: str, weights: bool = True, state_dict: dict | None = None
+) -> None:
+    """Weights (or, without them, the model's config), training_args.json and the processing class."""
+    config: Any = getattr(trainer.model, "config", None)
+    if weights:
+        ckpt.save_model_weights(
+            trainer.model, directory, max_shard_size=trainer.args.save_max_shard_size, state_dict=state_dict
+        )
+    elif hasattr(config, "save_pretrained"):
+        config.save_pretrained(directory)  # sharded weights: still describe the model
+    saved_args = trainer.args.to_dict()
+    # how a checkpoint is written, not what it holds: the same bytes either way
+    saved_args.pop("async_save", None)
+    ckpt.write_json(os.path.join(directory, ckpt.TRAINING_ARGS_NAME), saved_args)
+    processing = trainer.processing_class
+    if processing is None:
+        processing = getattr(trainer.data_collator, "tokenizer", None)
+    if processing is not None and hasattr(processing, "save_pretrained"):
+        processing.save_pretrained(directory)
+
+
+# ---------------------------------------------------------------------- optimizer, schedule, RNG
+class OptimizerPart:
+    """The torch optimizer, refusing state written by another optimizer before anything loads."""
+
+    def __init__(self, trainer: CheckpointedTrainer, optimizer: torch.optim.Optimizer) -> None:
+        self.trainer, self.optimizer = trainer, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def check(self, saved: dict[str, Any] | None, folder: str) -> None:
+        if saved is not None:
+            custom = self.trainer.optimizer_cls_and_kwargs is not None
+            resume.check_optimizer_matches(self.trainer.args, self.optimizer, saved, folder, custom)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+
+class SchedulerPart:
+    """The Trainer's learning-rate scheduler; on restore the checkpoint's schedule continues (a
+    Trainer-made scheduler is rebuilt from its arguments before the optimizer state loads)."""
+
+    def __init__(self, trainer: CheckpointedTrainer, run: TrainingRun) -> None:
+        self.trainer, self.run = trainer, run
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.trainer.lr_scheduler.state_dict()
+
+    def check(self, saved: dict[str, Any] | None, folder: str) -> None:
+        trainer = self.trainer
+        if saved is not None and trainer.optimizer is not None:
+            trainer.lr_scheduler = resume.keep_saved_schedule(
+                trainer.args,
+                trainer.lr_scheduler,
+                trainer.optimizer,
+                self.run.max_steps,
+                folder,
+                trainer._created_scheduler,
+            )
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.trainer.lr_scheduler.load_state_dict(state_dict)
+
+
+class RngPart(RngState):
+    """This process's random generators; restored through the Trainer's `_load_rng_state` hook."""
+
+    def __init__(self, trainer: CheckpointedTrainer) -> None:
+        self.trainer = trainer
+
+    def load(self, folder: str) -> None:
+        self.trainer._load_rng_state(folder)
+
+
+# ---------------------------------------------------------------------- position and state
+class DataState:
+    """The "data_state" part: the loop cursor, the sampler's and dataset's state, every process's
+    unlogged step losses, and the batch geometry that gives the position its meaning."""
+
+    def __init__(
+        self, trainer: CheckpointedTrainer, run: TrainingRun, loss_windows: list[list[float]] | None = None
+    ) -> None:
+        self.trainer, self.run, self.loss_windows = trainer, run, loss_windows
+        self.folder = ""
+
+    def state_dict(self) -> dict[str, Any]:
+        args, run = self.trainer.args, self.run
+        dataset = getattr(run.dataloader, "dataset", None)
+        out: dict[str, Any] = {
+            "cursor": run.cursor.to_dict(),
+            "world_size": run.runtime.world_size,
+            "dataset_length": len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None,
+            "seed": args.data_seed if args.data_seed is not None else args.seed,
+            "loss_windows": self.loss_windows,
+            **{k: getattr(args, k) for k in resume.POSITION_ARGS},
+        }
+        sampler: Any = getattr(run.dataloader, "sampler", None)
+        if hasattr(sampler, "state_dict"):
+            out["sampler"] = sampler.state_dict()
+        if dataset is not None and callable(getattr(dataset, "state_dict", None)):
+            out["dataset_state"] = dataset.state_dict()
+        return out
+
+    def check(self, saved: dict[str, Any] | None, folder: str) -> None:
+        """Refuse a resume whose batch geometry changes what the saved position points to."""
+        args, self.folder = self.trainer.args, folder
+        if saved is not None and not args.ignore_data_skip:
+            resume.check_position_args(args, self.run.runtime.world_size, saved, self.run.dataloader, folder)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """The saved position (rescaled to this number of processes), data order and dataset state;
+        with ignore_data_skip the current epoch restarts from its first batch."""
+        args, run, world_size = self.trainer.args, self.run, self.run.runtime.world_size
+        cursor = LoopCursor.from_dict(state_dict["cursor"])
+        cursor.steps_in_epoch = run.cursor.steps_in_epoch
+        resume.use_own_loss_window(cursor, state_dict, run.runtime)
+        if args.ignore_data_skip:
+            cursor.batch_in_epoch = cursor.samples_in_epoch = 0
+        else:
+            resume.rescale_position(cursor, state_dict, world_size, args.per_device_train_batch_size)
+            resume.keep_saved_data_order(args, world_size, run.dataloader, state_dict, self.folder)
+        run.cursor = cursor
+        dataset: Any = getattr(run.dataloader, "dataset", None)
+        if "dataset_state" in state_dict and hasattr(dataset, "load_state_dict"):
+            dataset.load_state_dict(state_dict["dataset_state"])
+            run.iterable_restored = True
+
+    def load_absent(self, folder: str) -> None:
+        """A transformers checkpoint: the position rebuilt from global_step, as upstream does."""
+        args, run = self.trainer.args, self.run
+        run.cursor = resume.cursor_from_global_step(
+            args, run.cursor.steps_in_epoch, self.trainer.state.global_step
+        )
+        if args.ignore_data_skip:
+            run.cursor.batch_in_epoch = run.cursor.samples_in_epoch = 0
+
+
+class TrainerStateFile:
+    """The "trainer_state" part: TrainerState as trainer_state.json (the same JSON as `save_to_json`),
+    with the stateful callbacks' state in it."""
+
+    def __init__(self, trainer: CheckpointedTrainer) -> None:
+        self.trainer = trainer
+        self.folder = ""
+
+    def state_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.trainer.state)
+
+    def check(self, saved: dict[str, Any] | None, folder: str) -> None:
+        self.folder = folder  # named in the warning about a best checkpoint that is gone
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """What a resume takes of the saved state: counters, history, the best checkpoint (if it still
+        exists) and the trial; the callbacks' state goes back into the live callbacks."""
+        known = {f.name for f in dataclasses.fields(TrainerState)}
+        saved = TrainerState(**{k: v for k, v in state_dict.items() if k in known})
+        state = self.trainer.state
+        for key in _RESUMED_STATE:
+            setattr(state, key, getattr(saved, key))
+        best = saved.best_model_checkpoint
+        if best is not None and not os.path.isdir(best):
+            logger.warning(
+                "The best checkpoint recorded in %s (%s) no longer exists; forgetting it.", self.folder, best
+            )
+            best = None
+        state.best_model_checkpoint = best
+        restore_callback_states(self.trainer, saved.stateful_callbacks or {})
+
+
+# TrainerState fields a resume takes from the checkpoint (the others describe this run's arguments)
+_RESUMED_STATE = (
+    "global_step",
+    "epoch",
+    "log_history",
+    "best_metric",
+    "best_global_step",
+    "total_flos",
+    "num_input_tokens_seen",
+    "optimizer_step_attempts",
+    "stateful_callbacks",
+    "trial_name",
+    "trial_params",
+)
+
+
+# ---------------------------------------------------------------------- callbacks' state
+def callback_states(handler: CallbackHandler, control: TrainerControl) -> dict[str, Any]:
+    """{ClassName: {"args", "attributes"}} of callbacks that export state, plus TrainerControl."""
+    states: dict[str, Any] = {}
+    for cb in [*handler.callbacks, control]:
+        if not isinstance(cb, ExportableState) or not callable(getattr(cb, "state", None)):
+            continue
+        name = type(cb).__name__
+        if name in states:
+            existing = states[name]
+            states[name] = [*(existing if isinstance(existing, list) else [existing]), cb.state()]
+        else:
+            states[name] = cb.state()
+    return states
+
+
+def restore_callback_states(trainer: CheckpointedTrainer, saved: dict[str, Any]) -> None:
+    """Put saved attributes back into the live callbacks of the same class (by order for several
+    of one class). With `restore_callback_states_from_checkpoint` constructor args and the
+    TrainerControl come back too, as upstream does."""
+    full = trainer.args.restore_callback_states_from_checkpoint
+    by_class: dict[str, list] = {}
+    for cb in trainer.callback_handler.callbacks:
+        by_class.setdefault(type(cb).__name__, []).append(cb)
+    for name, value in saved.items():
+        entries = value if isinstance(value, list) else [value]
+        if name == "TrainerControl":
+            if full:
+                for k, v in entries[0].get("args", {}).items():
+                    setattr(trainer.control, k, v)
+            continue
+        live = by_class.get(name, [])
+        if not live:
+            logger.warning("Checkpoint has state for callback %s, which this Trainer does not have.", name)
+            continue
+        for cb, entry in zip(live, entries):
+            if full:
+                new = type(cb)(**entry.get("args", {}))
+                trainer.callback_handler.remove_callback(cb)
+                trainer.callback_handler.add_callback(new)
+                cb = new
+            for k, v in entry.get("attributes", {}).items():
+                setattr(cb, k, v)

@@ -1,0 +1,218 @@
+"""`Checkpointer`: a run's checkpoints, as torchtitan's CheckpointManager: it writes them (synchronously,
+or with `async_save` in the background), finishes a background write (rotation, the Hub push,
+`on_save` once it is durable), waits for it or abandons it, and restores a folder into the run,
+through the same mapping of parts it saves (`checkpoint_parts.build_parts`).
+
+When to save is the callback system's (`TrainerControl.should_save`, as upstream): the Trainer's
+`_save_checkpoint` calls `save`, then `saved` fires `on_save` (or leaves it to the write's completion).
+
+Background writes (`async_save=True`): at a save step the checkpoint's mapping of parts is copied
+into reused host memory and written by `AsyncCheckpointWriter`'s thread into the same hidden folder,
+with the same fsyncs, manifest and rename as a synchronous save. Then:
+
+* `poll` at the end of every step: once the write is durable on every process, the completion work
+  runs in the training thread: rotation, the Hub push of the checkpoint, and `on_save`, which
+  therefore marks the moment the checkpoint is complete on disk; it receives the TrainerState of the
+  saved step (its `global_step` names the folder) and the live `TrainerControl`;
+* `wait` before anything that needs the checkpoint on disk or the writer idle: the next save,
+  `save_model`, loading the best model, the end of `train()` (a preemption's exit included);
+* `abandon` when `train()` is leaving on an exception: the write in flight finishes (a complete
+  checkpoint, or none) without the completion work, and its error is noted on the exception.
+
+A save the snapshot can't serve is written synchronously (the reason is logged once): a subclass that
+overrides `_save_checkpoint`, `_save` or `save_model` (called as upstream calls it, in the training
+thread), and engines whose parts can't be staged (DeepSpeed's engine checkpoint). Several processes:
+the writer threads commit through a gloo group of their own, created at the first background save
+(which every process reaches at the same step), and a write is finished at the same step everywhere
+(one CPU all-reduce per step while it is pending).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import trainwright.checkpoint as ckpt
+from trainwright.checkpoint.async_writer import AsyncCheckpointWriter, GroupCollectives, save_checkpoint_async
+from trainwright.checkpoint.manager import CheckpointManager
+from trainwright.checkpoint.rng import RngState
+from trainwright.loop.checkpoint_parts import CheckpointedTrainer, build_parts
+from trainwright.loop.run import TrainingRun
+
+logger = logging.getLogger(__name__)
+
+# Upstream hooks that, when a subclass overrides them, must run as upstream runs them (in the
+# training thread, on the live model): their saves are synchronous.
+_HOOKS = ("_save_checkpoint", "_save", "save_model")
+
+
+def run_dir(trainer: CheckpointedTrainer, trial: Any) -> str:
+    """Where a run's checkpoints go: output_dir, or a search trial's own folder in it."""
+    output_dir = trainer.args.output_dir
+    assert output_dir is not None  # TrainingArguments.__post_init__ fills it in
+    if trial is None or trainer.hp_search_backend is None:
+        return output_dir
+    return os.path.join(output_dir, trainer._hp_trial_record(trial)[0])
+
+
+def writes_once(args: Any, runtime: Any) -> bool:
+    """Whether this process writes the files a checkpoint holds once (each node's main with save_on_each_node)."""
+    return runtime.is_main_process or bool(args.save_on_each_node and runtime.is_local_main_process)
+
+
+class Checkpointer:
+    """The checkpoints of one run (see the module docstring)."""
+
+    def __init__(self, trainer: CheckpointedTrainer, run: TrainingRun, fire: Callable[..., None]) -> None:
+        self.trainer, self.run, self._fire = trainer, run, fire
+        self.args, self.runtime = trainer.args, trainer.runtime
+        self.main = writes_once(self.args, self.runtime)
+        self.manager = CheckpointManager(self.runtime, main=self.main)
+        self.folder = run_dir(trainer, run.trial)
+        self.writer: AsyncCheckpointWriter | None = None  # made at the first background save
+        self._collectives: GroupCollectives | None = None  # its process group, with several processes
+        self._said: set[str] = set()
+
+    # -- saving --------------------------------------------------------------------------------
+    def save(self) -> str | None:
+        """Write checkpoint-<global_step> and rotate: the path, or None when it is being written in
+        the background (its completion work runs once it is durable)."""
+        self.wait()  # the previous background write first, as after a synchronous save
+        state = self.trainer.state
+        self.trainer.store_flos()
+        name = f"{ckpt.PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        if state.best_global_step is not None:
+            best = os.path.join(self.folder, f"{ckpt.PREFIX_CHECKPOINT_DIR}-{state.best_global_step}")
+            if state.best_global_step == state.global_step or os.path.isdir(best):
+                state.best_model_checkpoint = best
+        parts = build_parts(self.trainer, self.run, main=self.main)
+        rotation = {
+            "save_total_limit": self.args.save_total_limit,
+            "best_checkpoint": state.best_model_checkpoint,
+        }
+        if self.args.async_save and self._in_background(name, parts, rotation):
+            return None
+        return self.manager.save(self.folder, name, parts, **rotation)
+
+    def _in_background(self, name: str, parts: dict[str, Any], rotation: dict[str, Any]) -> bool:
+        overridden = [hook for hook in _HOOKS if self.trainer._overrides(hook)]
+        if overridden:
+            self._say(f"the Trainer subclass overrides {', '.join(overridden)}")
+            return False
+        writer = self._writer()
+        saved_state = copy.copy(self.trainer.state)  # on_save gets the saved step's counters
+        if save_checkpoint_async(
+            writer,
+            self.manager,
+            self.folder,
+            name,
+            parts,
+            collectives=self._collectives,
+            on_done=lambda path: self._durable(path, saved_state),
+            **rotation,
+        ):
+            return True
+        self._say("a checkpoint part can't be staged (DeepSpeed's engine checkpoint)")
+        return False
+
+    def saved(self) -> None:
+        """After `_save_checkpoint` in the loop: `on_save` now, or, for a write still in the
+        background, once it is durable (`should_save` is cleared now, as `on_save` would)."""
+        if self.writer is not None and self.writer.pending:
+            self.trainer.control.should_save = False
+        else:
+            self._fire("on_save")
+
+    def _writer(self) -> AsyncCheckpointWriter:
+        if self.writer is None:
+            if self.runtime.world_size > 1:
+                self._collectives = GroupCollectives(timeout_s=self.runtime.timeout_s)
+            self.writer = AsyncCheckpointWriter()
+        return self.writer
+
+    def _durable(self, path: str, saved_state: Any) -> None:
+        """Completion work of a durable checkpoint, in the training thread."""
+        if self.args.push_to_hub:
+            self.trainer._push_from_checkpoint(path)
+        control = self.trainer.control
+        # The flag of a save being decided now (this can run inside the next save step) is not this
+        # event's to clear.
+        saving_now = control.should_save
+        self._fire("on_save", state=saved_state)
+        self.trainer.control.should_save = saving_now or self.trainer.control.should_save
+
+    def _say(self, reason: str) -> None:
+        if reason not in self._said:
+            self._said.add(reason)
+            logger.warning("async_save: checkpoints are written synchronously: %s.", reason)
+
+    # -- the background write ------------------------------------------------------------------
+    def poll(self) -> None:
+        """At a step end: finish the pending write if it is durable on every process."""
+        writer = self.writer
+        if writer is None or not writer.pending:
+            return
+        ready = writer.ready
+        if self.runtime.distributed:
+            ready = not self.runtime.any_process(not ready)
+        if ready:
+            writer.wait()  # returns at once here, or after the last moments of this process's thread
+
+    def wait(self) -> None:
+        """Finish the pending write (its completion work runs here); raises its error."""
+        if self.writer is not None:
+            self.writer.wait()
+
+    def abandon(self) -> None:
+        """`train()` is leaving on an exception: let the write in flight finish, skip its completion
+        work, and report its error without replacing the exception in flight."""
+        writer = self.writer
+        if writer is None or not writer.pending:
+            return
+        error = writer.drain()
+        if error is None:
+            return
+        logger.error("%s", error)
+        current = sys.exc_info()[1]
+        if current is not None and hasattr(current, "add_note"):
+            current.add_note(f"while a checkpoint was being written in the background: {error}")
+
+    # -- restoring -----------------------------------------------------------------------------
+    def restore(self, path: str) -> None:
+        """Load everything checkpoint `path` holds into the run, through the same parts a save
+        writes; each part refuses (before anything loads) what does not fit this run."""
+        parts = build_parts(self.trainer, self.run, main=self.main, restore_from=path)
+        if self.args.save_only_model and self.manager.has(path, "optimizer"):
+            logger.warning("save_only_model=True: resuming the weights of %s with a fresh optimizer.", path)
+        self.manager.load(path, parts)
+        cursor = self.run.cursor
+        logger.info(
+            "Resumed from %s at step %d (epoch %d, batch %d of it).",
+            path,
+            cursor.steps_applied,
+            cursor.epoch,
+            cursor.batch_in_epoch,
+        )
+
+    def keep_only_best(self) -> None:
+        """With save_total_limit=1, keep only the best checkpoint once training is over (upstream)."""
+        args, state = self.args, self.trainer.state
+        if (
+            args.save_total_limit != 1
+            or state.best_model_checkpoint is None
+            or not self.runtime.is_main_process
+        ):
+            return
+        for path in ckpt.sort_checkpoints(self.folder):
+            if os.path.abspath(path) != os.path.abspath(state.best_model_checkpoint):
+                logger.info("Deleting %s (save_total_limit=1 keeps the best checkpoint).", path)
+                ckpt.delete_checkpoint(path)
+
+
+def load_rng_state(args: Any, runtime: Any, path: str) -> None:
+    """`Trainer._load_rng_state`: this process's RNG file of a checkpoint (the "rng" part)."""
+    CheckpointManager(runtime, main=writes_once(args, runtime)).load(path, {"rng": RngState()})

@@ -1,0 +1,240 @@
+"""`TrainingRun`: the state of one `train()` call (one try of `auto_find_batch_size`).
+
+Everything that lives for one run and that transformers' Trainer does not have as an attribute is
+here, not on the Trainer: the engine (how the backend steps and checkpoints), the loop cursor and
+the epoch's batch geometry, the window of unlogged step losses, the preemption guard, the
+checkpointer, the counters at the start of the call, the last step's gradient norm and learning
+rate, and the decisions taken once per run (exact FLOP counting, an overriding
+`_maybe_log_save_evaluate`, a metric-driven scheduler, a schedule-free optimizer's `train`).
+
+The Trainer builds a run in `_inner_training_loop` (`Trainer._run` then points at it, and keeps
+pointing at the last one after `train()` returns, for `cursor`, `current_flos` and `deepspeed`);
+a retry of `auto_find_batch_size` builds a new one. The per-step helpers below are what one
+optimizer step calls besides the Trainer's overridable hooks and the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainwright import data as data_utils
+from trainwright.core.state import LoopCursor, TrainerControl, TrainerState
+from trainwright.distributed import device_cache
+from trainwright.distributed.engine import Engine, build_engine
+from trainwright.distributed.preemption import PreemptionGuard
+from trainwright.modeling.loss import LossWindow, batch_size
+from trainwright.observe.flops import non_embedding_parameters
+
+logger = logging.getLogger(__name__)
+
+MAX_UNLOGGED_STEPS = 4096  # step losses kept for the next log row before they are folded into train_loss
+
+
+class TrainingRun:
+    """One run's state and the per-step bookkeeping around the Trainer's hooks."""
+
+    def __init__(
+        self,
+        args: Any,
+        runtime: Any,
+        model: nn.Module,
+        dataloader: Any,
+        *,
+        epochs: int,
+        max_steps: int,
+        steps_in_epoch: int,
+        trial: Any = None,
+        ignore_keys_for_eval: list[str] | None = None,
+        count_flops: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self.args, self.runtime, self.device = args, runtime, runtime.device
+        self.dataloader = dataloader
+        self.epochs, self.max_steps = epochs, max_steps
+        self.trial, self.ignore_keys_for_eval = trial, ignore_keys_for_eval
+        self.cursor = LoopCursor(steps_in_epoch=steps_in_epoch)
+        # batches cut in order from a resumable sampler: each one's number of samples is known exactly
+        self.geometry = data_utils.sampler_geometry(dataloader)
+        self.engine: Engine = build_engine(args, runtime, model)
+        self.losses = LossWindow(runtime.device)
+        self.preemption = PreemptionGuard(args.preemption_signals)
+        self.checkpointer: Any = None  # the Trainer's Checkpointer for this run (set when it is built)
+        # an overridden floating_point_ops, or a callback that needs exact FLOPs: counted per batch
+        self.count_flops = count_flops
+        self.flops_per_token = 6 * non_embedding_parameters(model)  # upstream's total_flos estimate
+        self.grad_norm: torch.Tensor | float | None = None
+        self.last_lr: float | None = None  # the rate the last step applied
+        self.start_time = time.time()
+        self.samples_at_start = self.tokens_at_start = self.input_tokens_at_start = 0
+        self.iterable_restored = False  # an iterable dataset's own state came back: skip nothing
+        self.eval_stops_on_preemption = False  # True while the loop's own evaluation runs
+        self.custom_lse = False  # a subclass overrides _maybe_log_save_evaluate: called every step
+        self.metric_scheduler = False  # the scheduler steps on the evaluation metric, not per step
+        self.optimizer_train: Callable[[], Any] | None = None  # schedule-free: back to training weights
+        self._plugins = contextlib.ExitStack()  # model hooks of this run, removed when it ends
+
+    # -- set-up --------------------------------------------------------------------------------
+    def start(self, optimizer: Any, state: TrainerState, metric_scheduler: bool, custom_lse: bool) -> None:
+        """After the optimizer exists and a checkpoint (if any) is restored: the counters this call
+        starts from, the loss window it continues, the plug-ins it runs with."""
+        cursor = self.cursor
+        cursor.first_step_of_call = cursor.steps_applied
+        self.samples_at_start, self.tokens_at_start = cursor.samples_seen, cursor.tokens_seen
+        self.input_tokens_at_start = state.num_input_tokens_seen
+        self.losses.load(cursor.loss_window)
+        self.metric_scheduler, self.custom_lse = metric_scheduler, custom_lse
+        train = getattr(optimizer, "train", None)  # looked up once: a miss costs ~0.5 us a step
+        self.optimizer_train = train if callable(train) else None
+        if self.args.torch_empty_cache_steps:
+            empty = device_cache.EmptyCacheEvery(self.args.torch_empty_cache_steps, self.device)
+            self._plugins.enter_context(empty.attach(self.engine.module, state))
+        optimizer.zero_grad(set_to_none=True)
+        self.start_time = time.time()
+
+    def close(self) -> None:
+        """The run is over: its model hooks come off."""
+        self._plugins.close()
+
+    # -- one step ------------------------------------------------------------------------------
+    def epoch_batches(self, epoch: int) -> Iterator[Any]:
+        """This epoch's batches, starting after those a resumed run already consumed."""
+        dataloader = self.dataloader
+        sampler: Any = getattr(dataloader, "sampler", None)
+        obj: Any
+        for obj in (
+            dataloader,
+            sampler,
+            getattr(dataloader, "batch_sampler", None),
+            getattr(dataloader, "dataset", None),
+        ):
+            if hasattr(obj, "set_epoch"):
+                obj.set_epoch(epoch)
+        if hasattr(sampler, "set_start"):  # seen samples are skipped in the sampler, never loaded
+            sampler.set_start(self.cursor.samples_in_epoch)
+            return iter(dataloader)
+        skip = 0 if self.iterable_restored else self.cursor.batch_in_epoch
+        self.iterable_restored = False
+        return data_utils.skip_iterable(dataloader, skip) if skip else iter(dataloader)
+
+    def train_mode(self, model: nn.Module) -> None:
+        """Model (and a schedule-free optimizer) in training mode: after an evaluation they are not."""
+        if not model.training:  # calling train() every step costs ~50 us
+            model.train()
+        if self.optimizer_train is not None:
+            self.optimizer_train()
+
+    def advance(self, inputs: Any, state: TrainerState) -> None:
+        """Count one micro-batch into the cursor: samples, tokens, FLOPs, input tokens seen."""
+        cursor, geometry = self.cursor, self.geometry
+        n = min(geometry[0], geometry[1] - cursor.samples_in_epoch) if geometry else batch_size(inputs)
+        cursor.batch_in_epoch += 1
+        cursor.samples_in_epoch += n
+        cursor.samples_seen += n
+        is_mapping = type(inputs) is dict or isinstance(inputs, Mapping)  # dict: skip the ABC check
+        ids = inputs.get("input_ids") if is_mapping else None
+        tokens = ids.numel() if isinstance(ids, torch.Tensor) else 0
+        cursor.tokens_seen += tokens
+        if self.count_flops is not None:
+            cursor.flops_seen += self.count_flops(inputs)
+        else:
+            cursor.flops_seen += self.flops_per_token * (tokens or n)
+        if is_mapping and self.args.include_num_input_tokens_seen != "no":
+            state.num_input_tokens_seen += _input_tokens(inputs, self.args.include_num_input_tokens_seen)
+
+    def finish_step(self, applied: bool, optimizer: Any, scheduler: Any, state: TrainerState) -> None:
+        """After the optimizer step: the rate it applied, the schedule, zeroed gradients, counters."""
+        self.last_lr = optimizer.param_groups[0]["lr"]
+        if applied and not self.metric_scheduler:
+            scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        cursor = self.cursor
+        cursor.steps_attempted += 1
+        cursor.steps_applied += int(applied)
+        cursor.steps_since_log += 1
+        self.sync_state(state)
+
+    def sync_state(self, state: TrainerState) -> None:
+        """TrainerState's counters, derived from the cursor."""
+        cursor = self.cursor
+        state.global_step = cursor.steps_applied
+        state.optimizer_step_attempts = cursor.steps_attempted
+        state.epoch = cursor.fractional_epoch
+        state.total_flos = cursor.flops_seen * self.runtime.world_size
+
+    def preempted(self) -> bool:
+        """Whether a preemption signal arrived (on any process: every process stops at the same step)."""
+        requested = self.preemption.requested is not None
+        return self.runtime.any_process(requested) if self.runtime.distributed else requested
+
+    def stop_if_preempted(self, control: TrainerControl) -> None:
+        if self.preempted():
+            control.should_save = control.should_training_stop = True
+
+    def log_due(self, control: TrainerControl) -> bool:
+        """Whether `_maybe_log_save_evaluate` has anything to do after this step."""
+        return (  # an overriding subclass sees every step, as upstream calls it every step
+            self.custom_lse
+            or control.should_log
+            or control.should_evaluate
+            or control.should_save
+            or self.window_full()
+        )
+
+    def window_full(self) -> bool:
+        """Whether the unlogged step losses fill their bound (then they are folded into train_loss)."""
+        return self.cursor.steps_since_log >= MAX_UNLOGGED_STEPS
+
+    def end_epoch(self, epoch: int, steps: int, exhausted: bool, control: TrainerControl) -> None:
+        """After an epoch's last step: refuse a run that never got a batch, stop at an iterable that
+        ran dry, and move the cursor to the next epoch unless the run stopped inside this one."""
+        cursor = self.cursor
+        if steps == 0 and cursor.batch_in_epoch == 0:
+            if cursor.steps_attempted == 0:  # not one batch in the whole run: refuse, never "succeed"
+                raise ValueError(empty_training_message(self.dataloader, self.args, self.runtime.world_size))
+            logger.warning(  # as upstream: an iterable that ran dry before max_steps
+                "Epoch %d produced no batch: stopping training at step %d of max_steps=%d.",
+                epoch,
+                cursor.steps_applied,
+                self.max_steps,
+            )
+            control.should_training_stop = True
+        # A run stopped mid-epoch keeps its position there, so a resume continues the same epoch.
+        done = cursor.steps_in_epoch > 0 and cursor.batch_in_epoch >= cursor.steps_in_epoch
+        if exhausted or control.should_epoch_stop or done:
+            cursor.epoch, cursor.batch_in_epoch, cursor.samples_in_epoch = epoch + 1, 0, 0
+
+    # -- the end -------------------------------------------------------------------------------
+    def samples_and_tokens_run(self) -> tuple[int, int]:
+        """Samples and tokens this call trained on, over every process."""
+        world, cursor = self.runtime.world_size, self.cursor
+        return (
+            (cursor.samples_seen - self.samples_at_start) * world,
+            (cursor.tokens_seen - self.tokens_at_start) * world,
+        )
+
+
+def empty_training_message(dataloader: Any, args: Any, world_size: int) -> str:
+    """Why a run got no batch, and the ways out (a run never "succeeds" without one)."""
+    dataset: Any = getattr(dataloader, "dataset", None)
+    size = len(dataset) if data_utils.has_length(dataset) else "?"
+    return (
+        f"The training data gives no batch: train_dataset ({type(dataset).__name__}) has {size} samples, "
+        f"per_device_train_batch_size={args.per_device_train_batch_size}, processes={world_size}, "
+        f"dataloader_drop_last={args.dataloader_drop_last}. Give it more samples, a smaller batch, or "
+        "dataloader_drop_last=False."
+    )
+
+
+def _input_tokens(inputs: Mapping[str, Any], mode: str) -> int:
+    """`include_num_input_tokens_seen`: every input token, or with "non_padding" the attended ones."""
+    mask = inputs.get("attention_mask")
+    if mode == "non_padding" and isinstance(mask, torch.Tensor):
+        return int(mask.sum())
+    ids = inputs.get("input_ids")
+    return ids.numel() if isinstance(ids, torch.Tensor) else 0
