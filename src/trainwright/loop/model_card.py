@@ -19,6 +19,7 @@ import yaml
 
 from trainwright.args.training_args import TrainingArguments
 from trainwright.core.state import TrainerState
+from trainwright.core.version import __version__
 
 
 class CardTrainer(Protocol):
@@ -199,8 +200,6 @@ class TrainingSummary:
 
 def framework_versions() -> list[tuple[str, str]]:
     """(name, version) of trainwright, PyTorch and the Hugging Face libraries that are installed."""
-    from trainwright import __version__
-
     versions = [("trainwright", __version__)]
     for label, module in _FRAMEWORKS.items():
         try:
