@@ -23,7 +23,7 @@ import struct
 import sys
 import warnings
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
 
 import torch
 from safetensors import safe_open
@@ -43,6 +43,7 @@ from trainwright.checkpoint.files import (
     write_json,
     writing_file,
 )
+from trainwright.core.modules import unwrap_model
 from trainwright.core.units import parse_size
 
 if TYPE_CHECKING:
@@ -67,20 +68,9 @@ def _preview(keys: Iterable[str], limit: int = 10) -> str:
 # -- saving ----------------------------------------------------------------------------------
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The module whose state_dict keys are the model's own (no DDP `module.` / compile `_orig_mod.`)."""
-    while True:
-        if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
-            model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
-            model = cast(torch.nn.Module, model._orig_mod)  # checked just above
-        else:
-            return model
-
-
 def model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The state dict `save_model_weights(model, ...)` writes when given none (of the unwrapped model)."""
-    return _unwrap(model).state_dict()
+    return unwrap_model(model).state_dict()
 
 
 def _is_pretrained_model(model: torch.nn.Module) -> TypeGuard[PreTrainedModel]:
@@ -209,7 +199,7 @@ def save_model_weights(
     """Write a model's weights into `directory` as safetensors (see the module docstring for the layout)."""
     directory = os.fspath(directory)
     max_bytes = parse_size(max_shard_size)
-    model = _unwrap(model)
+    model = unwrap_model(model)
     if _is_pretrained_model(model):
         kwargs: dict[str, Any] = {"is_main_process": is_main_process, "state_dict": state_dict}
         if "safe_serialization" in inspect.signature(model.save_pretrained).parameters:
@@ -321,7 +311,7 @@ def load_model_weights(
     """
     directory = os.fspath(directory)
     found = _find_weight_files(directory)
-    model = _unwrap(model)
+    model = unwrap_model(model)
     own = model.state_dict()
 
     loaded: dict[str, torch.Tensor] = {}
