@@ -127,11 +127,11 @@ def test_snapshot_names_what_it_cannot_copy():
 
 
 # ------------------------------------------------------------------------------------ the writer
-def _write_fn(model, state):
+def _write_fn(model, state, max_shard_size="5GB"):
     """The file writers of a checkpoint, from `state` (a live state or a snapshot of it)."""
 
     def write(tmp: str) -> None:
-        ckpt.save_model_weights(model, tmp, state_dict=state["model"])
+        ckpt.save_model_weights(model, tmp, state_dict=state["model"], max_shard_size=max_shard_size)
         ckpt.save_torch_state(state["optimizer"], os.path.join(tmp, ckpt.OPTIMIZER_NAME))
         ckpt.save_torch_state(state["rng"], ckpt.rng_state_file(tmp))
         ckpt.write_json(os.path.join(tmp, ckpt.TRAINER_STATE_NAME), state["trainer"])
@@ -139,8 +139,8 @@ def _write_fn(model, state):
     return write
 
 
-def _async_save(writer, out, name, model, state, on_done=None):
-    write = lambda copy: ckpt.write_checkpoint(out, name, _write_fn(model, copy))  # noqa: E731
+def _async_save(writer, out, name, model, state, on_done=None, max_shard_size="5GB"):
+    write = lambda copy: ckpt.write_checkpoint(out, name, _write_fn(model, copy, max_shard_size))  # noqa: E731
     writer.save(os.path.join(out, name), state, write, on_done)
 
 
@@ -153,8 +153,9 @@ def _files(folder) -> dict[str, bytes]:
     return out
 
 
+@pytest.mark.parametrize("max_shard_size", ["5GB", 100])  # one file; shards and an index
 @pytest.mark.parametrize("tied", [False, True])
-def test_async_checkpoint_is_byte_identical_to_the_sync_one(tmp_path, tied):
+def test_async_checkpoint_is_byte_identical_to_the_sync_one(tmp_path, tied, max_shard_size):
     model, opt = _trained(tied=tied)
     state = {
         "model": model.state_dict(),
@@ -162,15 +163,16 @@ def test_async_checkpoint_is_byte_identical_to_the_sync_one(tmp_path, tied):
         "rng": ckpt.capture_rng_state(),
         "trainer": {"global_step": 1, "log_history": [{"loss": 0.5}]},
     }
-    ckpt.write_checkpoint(tmp_path / "sync", "checkpoint-1", _write_fn(model, state))
+    ckpt.write_checkpoint(tmp_path / "sync", "checkpoint-1", _write_fn(model, state, max_shard_size))
     writer = AsyncCheckpointWriter()
-    _async_save(writer, str(tmp_path / "async"), "checkpoint-1", model, state)
+    _async_save(writer, str(tmp_path / "async"), "checkpoint-1", model, state, max_shard_size=max_shard_size)
     with torch.no_grad():  # training goes on while it is written
         for p in model.parameters():
             p.add_(1)
     writer.wait()
     sync, done = _files(tmp_path / "sync" / "checkpoint-1"), _files(tmp_path / "async" / "checkpoint-1")
     assert ckpt.CHECKPOINT_COMPLETE_NAME in done and ckpt.OPTIMIZER_NAME in done
+    assert (ckpt.WEIGHTS_INDEX_NAME in done) == (max_shard_size == 100)
     assert sorted(sync) == sorted(done)
     assert {k for k in sync if sync[k] != done[k]} == set()
 

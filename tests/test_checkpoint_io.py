@@ -154,6 +154,83 @@ def test_sharded_tied_model_keeps_aliases_in_index(tmp_path):
     assert torch.equal(untied.decoder.weight, model.embed.weight)
 
 
+def test_a_tensor_above_the_limit_gets_a_shard_of_its_own_and_the_open_one_goes_on(tmp_path):
+    # save_pretrained's rule (huggingface_hub's plan): shards are filled in key order; a tensor larger
+    # than max_shard_size is put alone in a shard without closing the one being filled.
+    class Three(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("a", torch.zeros(10))  # 40 bytes
+            self.register_buffer("big", torch.zeros(100))  # 400 bytes
+            self.register_buffer("c", torch.zeros(10))
+
+    ckpt.save_model_weights(Three(), tmp_path, max_shard_size=100)
+    index = json.loads((tmp_path / ckpt.WEIGHTS_INDEX_NAME).read_text())
+    assert index["weight_map"] == {
+        "big": "model-00001-of-00002.safetensors",
+        "a": "model-00002-of-00002.safetensors",
+        "c": "model-00002-of-00002.safetensors",
+    }
+    assert index["metadata"] == {"total_parameters": 0, "total_size": 480}
+
+
+def test_shards_are_save_pretrained_shards_byte_for_byte(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32, bos_token_id=0, eos_token_id=0
+    )
+    torch.manual_seed(0)
+    lm = transformers.GPT2LMHeadModel(config)
+
+    class Plain(torch.nn.Module):  # not a PreTrainedModel: written by trainwright's own writer
+        def __init__(self) -> None:
+            super().__init__()
+            self.transformer = lm.transformer  # lm's keys without the tied lm_head
+
+    for size in ("5GB", "20KB", 9000):  # 9000: the attention's 12 KB weights are above the limit
+        lm.save_pretrained(tmp_path / f"hf-{size}", max_shard_size=size)
+        ckpt.save_model_weights(Plain(), tmp_path / f"ours-{size}", max_shard_size=size)
+        theirs = {n: (tmp_path / f"hf-{size}" / n).read_bytes() for n in os.listdir(tmp_path / f"hf-{size}")}
+        ours = {
+            n: (tmp_path / f"ours-{size}" / n).read_bytes() for n in os.listdir(tmp_path / f"ours-{size}")
+        }
+        assert len(ours) > 2 or size == "5GB"
+        assert ours == {n: b for n, b in theirs.items() if n.startswith("model")}, size
+
+
+def test_saves_are_identical_bytes_from_call_to_call(tmp_path):
+    # safetensors writes `__metadata__` in hash-map order; with aliases there are two keys, so
+    # without sorting about half of the saves would differ (and their checksums with them).
+    model = _Tied()
+    saved = set()
+    for i in range(12):
+        ckpt.save_model_weights(model, tmp_path / str(i))
+        saved.add((tmp_path / str(i) / "model.safetensors").read_bytes())
+    assert len(saved) == 1
+    data = saved.pop()
+    header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+    assert list(header["__metadata__"]) == ["format", checkpoint_weights.ALIASES_KEY]
+
+
+def test_part_of_a_larger_storage_is_stored_and_counted_alone(tmp_path):
+    class Part(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("head", torch.arange(1000.0)[:4])  # 16 bytes of a 4000-byte storage
+            self.register_buffer("tail", torch.arange(6.0))
+
+    ckpt.save_model_weights(Part(), tmp_path, max_shard_size=30)
+    index = json.loads((tmp_path / ckpt.WEIGHTS_INDEX_NAME).read_text())
+    assert index["metadata"]["total_size"] == 16 + 24  # not the 4000 bytes head is a view into
+    assert sorted(set(index["weight_map"].values())) == [
+        f"model-0000{i}-of-00002.safetensors" for i in (1, 2)
+    ]
+    fresh = Part()
+    fresh.head.zero_()
+    ckpt.load_model_weights(fresh, tmp_path)
+    assert torch.equal(fresh.head, torch.arange(4.0))
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [("5GB", 5 * 10**9), ("500MB", 500 * 10**6), ("2GiB", 2 * 2**30), ("1.5KB", 1500), (123, 123), ("7", 7)],

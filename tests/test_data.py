@@ -23,11 +23,9 @@ from trainwright.data import (
     RemoveColumnsCollator,
     ResumableSampler,
     build_sampler,
-    count_items,
     default_data_collator,
     forward_arg_names,
     has_length,
-    is_causal_lm,
     iterable_resume_state,
     load_iterable_resume_state,
     make_dataloader,
@@ -37,6 +35,7 @@ from trainwright.data import (
     skip_iterable,
 )
 from trainwright.distributed.runtime import Runtime
+from trainwright.modeling.loss import count_items, is_causal_lm
 
 CPU = torch.device("cpu")
 
@@ -701,6 +700,12 @@ def test_count_items_shift_vs_no_shift():
     assert int(count_items({"labels": torch.tensor([[1, 2, 3, 4]])}, shift=True)) == 3
     with pytest.raises(ValueError, match="'labels'"):
         count_items({"input_ids": torch.zeros(2)}, shift=False)
+
+
+def test_label_counting_moved_next_to_the_loss_stays_importable_from_data():
+    import trainwright.data
+
+    assert trainwright.data.count_items is count_items and trainwright.data.is_causal_lm is is_causal_lm
 
 
 def test_is_causal_lm():

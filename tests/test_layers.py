@@ -36,11 +36,17 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(path: Path, name: str, known: set[str]) -> set[str]:
-    """Every trainwright module that `path` imports, resolved to a module (not an attribute)."""
-    is_pkg = path.name == "__init__.py"
+    """Every trainwright module that `path` imports, resolved to a module (not an attribute).
+
+    `from a.b import c` counts as `import a.b.c` when `c` is a module (the package `a.b` itself only
+    when a name is taken from it), as `import a.b.c` counts as `a.b.c` alone."""
+    return _imports_of(path.read_text(), name, known, is_pkg=path.name == "__init__.py")
+
+
+def _imports_of(source: str, name: str, known: set[str], *, is_pkg: bool = False) -> set[str]:
     package = name if is_pkg else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -49,7 +55,9 @@ def _imports(path: Path, name: str, known: set[str]) -> set[str]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(anchor + ([base] if base else []))
-            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+            targets = [f"{base}.{a.name}" for a in node.names]
+            if any(t not in known for t in targets):
+                targets.append(base)
         for target in targets:
             while target and target not in known:
                 target = target.rpartition(".")[0]
@@ -71,11 +79,6 @@ def _layer(module: str) -> tuple[str, int]:
     return top, RANK[top]
 
 
-def _is_package_init(module: str, importer: str) -> bool:
-    # `import trainwright.x.y` runs trainwright/__init__ too; that is not an upward dependency.
-    return module == "trainwright" and importer != "trainwright"
-
-
 def test_every_module_has_a_layer():
     for module in _modules():
         _layer(module)
@@ -86,12 +89,45 @@ def test_imports_point_down_only():
     for importer, imported in _graph().items():
         _, rank = _layer(importer)
         for target in imported:
-            if _is_package_init(target, importer):
-                continue
             top, target_rank = _layer(target)
             if target_rank > rank:
                 upward.append(f"{importer} imports {target} (layer {top!r} is above)")
     assert not upward, "\n".join(sorted(upward))
+
+
+FACE = "trainwright"
+
+
+def _face_importers(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(m for m, deps in graph.items() if m != FACE and FACE in deps)
+
+
+def test_no_module_imports_the_package_face():
+    # Not even inside a function: `from trainwright import X` runs the whole face (the loop, every
+    # engine) from below it. A submodule is named in full (`import trainwright.core.version`).
+    assert _face_importers(_graph()) == []
+
+
+def test_face_imports_are_found_even_inside_functions():
+    known = set(_modules())
+    module = "trainwright.loop.hub"
+    face = [
+        "import trainwright",
+        "def f():\n    from trainwright import __version__",
+        "def f():\n    from trainwright import Trainer, data",
+        "def f():\n    import trainwright as tw",
+        "from .. import TrainingArguments",
+    ]
+    for source in face:
+        assert _face_importers({module: _imports_of(source, module, known)}) == [module], source
+    submodules = [
+        "import trainwright.core.version",
+        "from trainwright import data as data_utils",
+        "from trainwright.core.version import __version__",
+        "def f():\n    from ..core import version",
+    ]
+    for source in submodules:
+        assert _face_importers({module: _imports_of(source, module, known)}) == [], source
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -130,7 +166,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycle():
-    graph = {m: {t for t in deps if not _is_package_init(t, m)} for m, deps in _graph().items()}
+    graph = _graph()
     # A package's __init__ re-exporting its own submodules is not a cycle between concerns.
     for m, deps in graph.items():
         graph[m] = {t for t in deps if not (t.startswith(m + ".") or m.startswith(t + ".") and _is_init(t))}
@@ -177,3 +213,16 @@ def test_every_source_file_holds_at_most_600_lines():
         if (n := len(p.read_text().splitlines())) > MAX_LINES and str(p.relative_to(SRC)) not in LONG_TABLES
     }
     assert long == {}, f"split these by concern (or list a pure table in LONG_TABLES): {long}"
+
+
+def test_the_version_is_written_once_below_the_loop():
+    tomllib = pytest.importorskip("tomllib")
+    import trainwright
+    from trainwright.core import version
+
+    project = tomllib.loads((SRC.parents[1] / "pyproject.toml").read_text())
+    assert "version" in project["project"]["dynamic"] and "version" not in project["project"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "trainwright.core.version.__version__"
+    }
+    assert trainwright.__version__ == version.__version__

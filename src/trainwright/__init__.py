@@ -26,6 +26,7 @@ from trainwright.core import process as _process
 from trainwright.core.events import CallbackHandler, TrainerCallback
 from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import TrainerControl, TrainerState
+from trainwright.core.version import __version__ as __version__
 from trainwright.data import default_data_collator
 from trainwright.distributed import runtime as _runtime
 from trainwright.integrations import (
@@ -61,8 +62,6 @@ _moved_modules.install()
 # The layers below distributed/ (TrainingArguments' device, world_size, should_save, ...) reach the
 # runtime through core.process; looked up at each call, so a patched get_runtime takes effect.
 _process.register_runtime(lambda **kwargs: _runtime.get_runtime(**kwargs))
-
-__version__ = "0.1.0"
 
 _TF_NAMES = ("TFTrainer", "TFTrainingArguments")
 

@@ -4,8 +4,10 @@ transformers' `save_pretrained`, and loading either (or `pytorch_model.bin`, wei
 * `save_model_weights(model, directory, *, max_shard_size="5GB", state_dict=None, is_main_process=True)`:
   a transformers `PreTrainedModel` goes through `save_pretrained` (so `from_pretrained` reads it); any
   other module is written with safetensors (`{"format": "pt"}` metadata), one name kept per shared
-  storage and the other names recorded as aliases, sharded as `model-0000i-of-0000n.safetensors` +
-  `model.safetensors.index.json` above `max_shard_size`.
+  storage and the other names recorded as aliases, sharded above `max_shard_size` by
+  `huggingface_hub.split_torch_state_dict_into_shards` as `save_pretrained` shards (the same
+  `model-0000i-of-0000n.safetensors` files, byte for byte, and `model.safetensors.index.json`); each
+  file is fsynced and its metadata sorted, so a save from a snapshot gives the same bytes.
 * `load_model_weights(model, directory, strict=True) -> WeightsLoadResult`: reads what
   `save_model_weights` or transformers wrote (`model.safetensors`, its sharded index, or
   `pytorch_model.bin` through `torch.load(weights_only=True)`); keys and shapes are checked before any
@@ -23,9 +25,10 @@ import struct
 import sys
 import warnings
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
 
 import torch
+from huggingface_hub import split_torch_state_dict_into_shards
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -43,6 +46,7 @@ from trainwright.checkpoint.files import (
     write_json,
     writing_file,
 )
+from trainwright.core.modules import unwrap_model
 from trainwright.core.units import parse_size
 
 if TYPE_CHECKING:
@@ -51,6 +55,7 @@ if TYPE_CHECKING:
 # Safetensors metadata key (and index metadata key) holding {alias: kept_name} for shared tensors.
 ALIASES_KEY = "trainwright_aliases"
 _SHARD_RE = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
+WEIGHTS_PATTERN = "model{suffix}.safetensors"  # huggingface_hub's filename_pattern for WEIGHTS_NAME
 
 
 class WeightsLoadResult(NamedTuple):
@@ -67,20 +72,9 @@ def _preview(keys: Iterable[str], limit: int = 10) -> str:
 # -- saving ----------------------------------------------------------------------------------
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The module whose state_dict keys are the model's own (no DDP `module.` / compile `_orig_mod.`)."""
-    while True:
-        if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
-            model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
-            model = cast(torch.nn.Module, model._orig_mod)  # checked just above
-        else:
-            return model
-
-
 def model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The state dict `save_model_weights(model, ...)` writes when given none (of the unwrapped model)."""
-    return _unwrap(model).state_dict()
+    return unwrap_model(model).state_dict()
 
 
 def _is_pretrained_model(model: torch.nn.Module) -> TypeGuard[PreTrainedModel]:
@@ -99,8 +93,17 @@ def _view_key(t: torch.Tensor) -> tuple | None:
     return (t.device, storage.data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
+def _fills_storage(t: torch.Tensor) -> bool:
+    return (
+        t.is_contiguous()
+        and t.storage_offset() == 0
+        and t.numel() * t.element_size() == t.untyped_storage().nbytes()
+    )
+
+
 def _split_shared(state_dict: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors safetensors can store (one name per storage) and {alias: kept_name} for identical views."""
+    """Tensors safetensors can store, each on a storage of its own that it fills, and {alias: kept_name}
+    for names that view the very same memory (tied weights)."""
     tensors: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     views: dict[tuple, str] = {}
@@ -111,31 +114,22 @@ def _split_shared(state_dict: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor
                 f"state_dict[{name!r}] is a {type(t).__name__}; safetensors stores tensors only"
             )
         key = _view_key(t)
+        shared = False
         if key is not None:
             if key in views:
                 aliases[name] = views[key]
                 continue
-            if key[:2] in storages:
-                # A different view of memory another entry uses (e.g. a slice of a fused weight):
-                # safetensors refuses shared storage, so this one is stored as its own copy.
-                t = t.clone()
+            shared = key[:2] in storages
             views[key] = name
             storages.add(key[:2])
-        tensors[name] = t.detach().contiguous()
+        t = t.detach()
+        if t.device.type != "meta" and (shared or not _fills_storage(t)):
+            # Another view of memory an entry uses (a slice of a fused weight), or a part of a larger
+            # storage: safetensors refuses shared storage, and the shard plan sizes a tensor by its
+            # storage, so this one is stored as a compact copy of its own.
+            t = t.clone(memory_format=torch.contiguous_format)
+        tensors[name] = t
     return tensors, aliases
-
-
-def _plan_shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[list[str]]:
-    shards: list[list[str]] = [[]]
-    size = 0
-    for name, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > max_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append(name)
-        size += nbytes
-    return shards
 
 
 def _remove_stale_weights(directory: str, keep: set[str]) -> None:
@@ -165,34 +159,33 @@ def _sort_metadata(path: str) -> None:
         f.write(text.ljust(size, b" "))
 
 
-def _save_state_dict(state_dict: Mapping[str, Any], directory: str, max_bytes: int) -> list[str]:
+def _save_state_dict(
+    state_dict: Mapping[str, Any], directory: str, max_bytes: int, parameters: int
+) -> list[str]:
     tensors, aliases = _split_shared(state_dict)
-    shards = _plan_shards(tensors, max_bytes)
+    # huggingface_hub's plan, the one transformers' save_pretrained follows: shards filled in key
+    # order, a tensor above the limit alone in its shard, `model-0000i-of-0000n.safetensors` names.
+    plan = split_torch_state_dict_into_shards(
+        tensors, filename_pattern=WEIGHTS_PATTERN, max_shard_size=max_bytes
+    )
+    shards = plan.filename_to_tensors or {WEIGHTS_NAME: []}  # no tensors: one empty file
     metadata = {"format": "pt"}
-    if len(shards) == 1:
-        if aliases:
-            metadata[ALIASES_KEY] = json.dumps(aliases, sort_keys=True)
-        names = {WEIGHTS_NAME: shards[0]}
-    else:
-        n = len(shards)
-        names = {f"model-{i + 1:05d}-of-{n:05d}.safetensors": shard for i, shard in enumerate(shards)}
-    for filename, keys in names.items():
+    if aliases and not plan.is_sharded:
+        metadata[ALIASES_KEY] = json.dumps(aliases, sort_keys=True)
+    for filename, keys in shards.items():
         path = os.path.join(directory, filename)
         with writing_file(path):
             save_file({k: tensors[k] for k in keys}, path, metadata=metadata)
             _sort_metadata(path)
         make_durable(path)
-    written = list(names)
-    if len(shards) > 1:
-        index_meta: dict[str, Any] = {
-            "total_size": sum(t.numel() * t.element_size() for t in tensors.values())
-        }
+    written = list(shards)
+    if plan.is_sharded:
+        # as save_pretrained: the model's parameters (each shared one once) and the bytes stored
+        index_meta: dict[str, Any] = {"total_parameters": parameters, **plan.metadata}
         if aliases:
             index_meta[ALIASES_KEY] = aliases
-        weight_map = {k: f for f, keys in names.items() for k in keys}
-        write_json(
-            os.path.join(directory, WEIGHTS_INDEX_NAME), {"metadata": index_meta, "weight_map": weight_map}
-        )
+        index = {"metadata": index_meta, "weight_map": plan.tensor_to_filename}
+        write_json(os.path.join(directory, WEIGHTS_INDEX_NAME), index)
         written.append(WEIGHTS_INDEX_NAME)
     _remove_stale_weights(directory, set(written))
     return written
@@ -209,7 +202,7 @@ def save_model_weights(
     """Write a model's weights into `directory` as safetensors (see the module docstring for the layout)."""
     directory = os.fspath(directory)
     max_bytes = parse_size(max_shard_size)
-    model = _unwrap(model)
+    model = unwrap_model(model)
     if _is_pretrained_model(model):
         kwargs: dict[str, Any] = {"is_main_process": is_main_process, "state_dict": state_dict}
         if "safe_serialization" in inspect.signature(model.save_pretrained).parameters:
@@ -222,7 +215,8 @@ def save_model_weights(
     if not is_main_process:
         return
     os.makedirs(directory, exist_ok=True)
-    _save_state_dict(model.state_dict() if state_dict is None else state_dict, directory, max_bytes)
+    state = model.state_dict() if state_dict is None else state_dict
+    _save_state_dict(state, directory, max_bytes, sum(p.numel() for p in model.parameters()))
 
 
 class _WeightFiles(NamedTuple):
@@ -309,6 +303,80 @@ def _safetensors_shapes(path: str) -> dict[str, tuple[int, ...]]:
         raise CheckpointError(f"could not read {path}: {exc}") from exc
 
 
+class _Stored(NamedTuple):
+    """What a weights folder holds, read before anything is copied."""
+
+    shapes: dict[str, tuple[int, ...]]  # stored name -> shape
+    present: set[str]  # the names it provides: stored ones and aliases of stored ones
+    alias_of: dict[str, str]  # alias -> stored name
+    tensors: dict[str, torch.Tensor]  # a pytorch_model.bin's tensors (already read); {} for safetensors
+
+
+def _read_stored(found: _WeightFiles) -> _Stored:
+    tensors: dict[str, torch.Tensor] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in found.files:
+        if found.kind == "safetensors":
+            shapes.update(_safetensors_shapes(path))
+            continue
+        chunk = safe_torch_load(path)
+        if not isinstance(chunk, dict):
+            raise CheckpointError(f"{path} holds a {type(chunk).__name__}, expected a state dict")
+        tensors.update(chunk)
+        shapes.update({k: tuple(v.shape) for k, v in chunk.items()})
+    alias_of = {a: kept for a, kept in found.aliases.items() if kept in shapes}
+    return _Stored(shapes, set(shapes) | set(alias_of), alias_of, tensors)
+
+
+def _key_mismatch(own: Mapping[str, torch.Tensor], present: set[str]) -> tuple[list[str], list[str]]:
+    """(missing, unexpected) keys. Keys the model ties together share memory: a file that has any one
+    of them fills the others (transformers drops tied weights such as `lm_head.weight`)."""
+    by_view: dict[tuple, list[str]] = {}
+    for k, t in own.items():
+        key = _view_key(t)
+        if key is not None:
+            by_view.setdefault(key, []).append(k)
+    tied = {k for names in by_view.values() if not present.isdisjoint(names) for k in names}
+    missing = [k for k in own if k not in present and k not in tied]
+    return missing, sorted(k for k in present if k not in own)
+
+
+def _check_shapes(
+    model: torch.nn.Module, own: Mapping[str, torch.Tensor], stored: _Stored, where: str
+) -> None:
+    # A buffer may change shape (a growing memory, a resized cache): the model's own
+    # load_state_dict / _load_from_state_dict decides, as upstream lets it; parameters must match.
+    params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    wrong = [
+        f"{k}: file {shape} vs model {tuple(own[k].shape)}"
+        for k in stored.present
+        if k in own
+        and k in params
+        and (shape := stored.shapes[stored.alias_of.get(k, k)]) != tuple(own[k].shape)
+    ]
+    if wrong:
+        raise CheckpointError(f"{where} has tensors of the wrong shape: {'; '.join(wrong[:10])}")
+
+
+def _copy_in(model: torch.nn.Module, found: _WeightFiles, stored: _Stored, own: Mapping[str, Any]) -> None:
+    """Load the files one at a time (a shard's tensors are freed before the next is read)."""
+    chunks: Iterable[dict[str, torch.Tensor]]
+    if found.kind == "pt":
+        chunks = [stored.tensors]
+    else:
+        chunks = (load_file(path, device="cpu") for path in found.files)
+    for chunk in chunks:
+        for alias, kept in stored.alias_of.items():
+            if kept in chunk:
+                chunk[alias] = chunk[kept]
+        try:
+            model.load_state_dict({k: v for k, v in chunk.items() if k in own}, strict=False)
+        except RuntimeError as exc:  # e.g. a buffer of another shape the model does not resize
+            raise CheckpointError(
+                f"{found.described} does not load into {type(model).__name__}: {exc}"
+            ) from exc
+
+
 def load_model_weights(
     model: torch.nn.Module, directory: str | os.PathLike, strict: bool = True
 ) -> WeightsLoadResult:
@@ -319,69 +387,17 @@ def load_model_weights(
     `strict=True` any missing or unexpected key raises `CheckpointError` before anything is copied; with
     `strict=False` they are returned and warned about. Shape mismatches always raise.
     """
-    directory = os.fspath(directory)
-    found = _find_weight_files(directory)
-    model = _unwrap(model)
+    found = _find_weight_files(os.fspath(directory))
+    model = unwrap_model(model)
     own = model.state_dict()
-
-    loaded: dict[str, torch.Tensor] = {}
-    if found.kind == "pt":
-        for path in found.files:
-            chunk = safe_torch_load(path)
-            if not isinstance(chunk, dict):
-                raise CheckpointError(f"{path} holds a {type(chunk).__name__}, expected a state dict")
-            loaded.update(chunk)
-        shapes = {k: tuple(v.shape) for k, v in loaded.items()}
-    else:
-        shapes = {}
-        for path in found.files:
-            shapes.update(_safetensors_shapes(path))
-    present = set(shapes) | {a for a, kept in found.aliases.items() if kept in shapes}
-
-    # Keys the model ties together share memory: loading any one of them fills the others.
-    by_view: dict[tuple, list[str]] = {}
-    for k, t in own.items():
-        key = _view_key(t)
-        if key is not None:
-            by_view.setdefault(key, []).append(k)
-    tied_present = {
-        k for names in by_view.values() if any(n in present for n in names) for k in names if k not in present
-    }
-    missing = [k for k in own if k not in present and k not in tied_present]
-    unexpected = sorted(k for k in present if k not in own)
+    stored = _read_stored(found)
+    missing, unexpected = _key_mismatch(own, stored.present)
     if strict and (missing or unexpected):
-        parts = []
-        if missing:
-            parts.append(f"missing keys {_preview(missing)}")
-        if unexpected:
-            parts.append(f"unexpected keys {_preview(unexpected)}")
+        parts = [f"missing keys {_preview(missing)}"] if missing else []
+        parts += [f"unexpected keys {_preview(unexpected)}"] if unexpected else []
         raise CheckpointError(f"{found.described} does not match the model: " + "; ".join(parts))
-    alias_of = {a: kept for a, kept in found.aliases.items() if kept in shapes}
-    # A buffer may change shape (a growing memory, a resized cache): the model's own
-    # load_state_dict / _load_from_state_dict decides, as upstream lets it; parameters must match.
-    params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
-    wrong = [
-        f"{k}: file {shapes[alias_of.get(k, k)]} vs model {tuple(own[k].shape)}"
-        for k in present
-        if k in own and k in params and shapes[alias_of.get(k, k)] != tuple(own[k].shape)
-    ]
-    if wrong:
-        raise CheckpointError(f"{found.described} has tensors of the wrong shape: {'; '.join(wrong[:10])}")
-
-    if found.kind == "pt":
-        chunks: Iterable[dict[str, torch.Tensor]] = [loaded]
-    else:
-        chunks = (load_file(path, device="cpu") for path in found.files)
-    for chunk in chunks:
-        for alias, kept in alias_of.items():
-            if kept in chunk:
-                chunk[alias] = chunk[kept]
-        try:
-            model.load_state_dict({k: v for k, v in chunk.items() if k in own}, strict=False)
-        except RuntimeError as exc:  # e.g. a buffer of another shape the model does not resize
-            raise CheckpointError(
-                f"{found.described} does not load into {type(model).__name__}: {exc}"
-            ) from exc
+    _check_shapes(model, own, stored, found.described)
+    _copy_in(model, found, stored, own)
     if missing or unexpected:
         warnings.warn(
             f"{found.described}: missing keys {_preview(missing)}, unexpected keys {_preview(unexpected)}",

@@ -1,6 +1,6 @@
 """Data for exact resume, one concern per module: resumable samplers (`samplers`), epoch-seeded
 data loaders and the resume of data without a sampler (`loaders`), collators (`collators`), column
-removal (`columns`), item counting and batch geometry (`items`); `kinds` says what a dataset is.
+removal (`columns`), batch geometry (`items`); `kinds` says what a dataset is.
 
 Two rules shape it:
 
@@ -14,7 +14,7 @@ Two rules shape it:
 
 from trainwright.data.collators import PaddingCollator, default_data_collator, pad_sequence_collator
 from trainwright.data.columns import RemoveColumnsCollator, forward_arg_names, remove_unused_columns
-from trainwright.data.items import count_items, is_causal_lm, num_examples, sampler_geometry
+from trainwright.data.items import num_examples, sampler_geometry
 from trainwright.data.kinds import IGNORE_INDEX, has_length, is_iterable_dataset
 from trainwright.data.loaders import (
     EpochSeededDataLoader,
@@ -24,6 +24,9 @@ from trainwright.data.loaders import (
     skip_iterable,
 )
 from trainwright.data.samplers import LengthGroupedSampler, ResumableSampler, build_sampler
+
+# Moved next to the loss (modeling/loss.py); still importable from here for one release.
+from trainwright.modeling.loss import count_items, is_causal_lm
 
 __all__ = [
     "IGNORE_INDEX",

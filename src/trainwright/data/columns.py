@@ -8,22 +8,10 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import torch
-
+from trainwright.core.modules import unwrap_model
 from trainwright.data.kinds import LABEL_KEYS, is_hf_map_dataset
 
 logger = logging.getLogger(__name__)
-
-
-def unwrap_model(model: Any) -> Any:
-    """The module under DDP (``.module``) and torch.compile (``._orig_mod``) wrappers."""
-    while True:
-        if getattr(model, "_orig_mod", None) is not None:
-            model = model._orig_mod
-        elif isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            model = model.module
-        else:
-            return model
 
 
 def forward_arg_names(model: Any, label_names: Iterable[str] = ()) -> set[str]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from trainwright.data.columns import unwrap_model as _unwrap
+from trainwright.core.modules import unwrap_model as _unwrap
 
 
 class RuntimeAccelerator:

@@ -30,6 +30,7 @@ import trainwright.checkpoint as ckpt
 from trainwright.args.training_args import TrainingArguments
 from trainwright.core.events import CallbackHandler
 from trainwright.core.state import TrainerControl, TrainerState
+from trainwright.core.version import __version__
 
 
 class HubTrainer(Protocol):
@@ -97,8 +98,6 @@ def hf_api() -> Any:
         from huggingface_hub import HfApi, constants
     except ImportError as e:
         raise ImportError("Pushing to the Hub needs huggingface_hub: pip install huggingface_hub") from e
-    from trainwright import __version__
-
     if constants.ENDPOINT not in _APIS:
         _APIS[constants.ENDPOINT] = HfApi(library_name="trainwright", library_version=__version__)
     return _APIS[constants.ENDPOINT]

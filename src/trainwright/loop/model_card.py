@@ -9,6 +9,7 @@ looked up on the Hub (upstream asks the Hub for it when online); pass `license=`
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass
 from importlib import import_module
@@ -16,9 +17,11 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 import yaml
+from huggingface_hub import EvalResult, ModelCardData
 
 from trainwright.args.training_args import TrainingArguments
 from trainwright.core.state import TrainerState
+from trainwright.core.version import __version__
 
 
 class CardTrainer(Protocol):
@@ -66,6 +69,9 @@ METRIC_TAGS = {
     "accuracy", "bleu", "f1", "matthews_correlation", "pearsonr", "precision", "recall", "rouge",
     "sacrebleu", "spearmanr", "wer",
 }  # fmt: skip
+
+# The header's keys in the order transformers' TrainingSummary writes them; the model-index comes last.
+_HEADER_ORDER = ["library_name", "language", "license", "base_model", "tags", "datasets", "metrics"]
 
 # Dataset builders that are file formats, not Hub datasets: never named as the dataset.
 _FILE_BUILDERS = {"csv", "json", "pandas", "parquet", "text"}
@@ -119,51 +125,62 @@ class TrainingSummary:
                 tags["rouge"] = key
         return tags
 
-    def model_index(self, metrics: dict[str, str]) -> list[dict[str, Any]]:
-        """One result (task, dataset, metrics of the last evaluation) per task and dataset."""
-        index: dict[str, Any] = {"name": self.model_name, "results": []}
+    def hub_eval_results(self, metrics: dict[str, str]) -> list[EvalResult]:
+        """The last evaluation's metrics, one `huggingface_hub.EvalResult` per task, dataset and metric
+        (the model-index results); none unless all three are known, as the Hub rejects such a result."""
         ds_tags = _as_list(self.dataset_tags)
         names = dict(zip(ds_tags, _as_list(self.dataset)))
         ds_args = dict(zip(ds_tags, _as_list(self.dataset_args) + [None] * len(ds_tags)))
         ds_meta = dict(zip(ds_tags, _as_list(self.dataset_metadata)))
         tasks = {t: TASK_NAMES[t] for t in _as_list(self.tasks) if t in TASK_NAMES}
-        if not (tasks and names and metrics):  # the Hub rejects a result lacking any of the three
-            return [index]
+        if not (tasks and names and metrics):
+            return []
         assert self.eval_results is not None  # metrics (metric_tags) are its keys
-        scores = [
-            {"name": name, "type": tag, "value": self.eval_results[name]} for tag, name in metrics.items()
-        ]
-        for task in tasks:
-            for ds in names:
-                dataset = {"name": names[ds], "type": ds, **(ds_meta.get(ds) or {})}
-                if ds_args[ds] is not None:
-                    dataset["args"] = ds_args[ds]
-                index["results"].append(
-                    {"task": {"name": tasks[task], "type": task}, "dataset": dataset, "metrics": list(scores)}
-                )
-        return [index]
+        results: list[EvalResult] = []
+        for task, ds in itertools.product(tasks, names):
+            meta = ds_meta.get(ds) or {}
+            if unknown := sorted(set(meta) - {"config", "split", "revision"}):
+                raise ValueError(f"dataset_metadata of {ds!r}: {unknown} is not a model-index dataset field")
+            where = {
+                "task_type": task,
+                "task_name": tasks[task],
+                "dataset_type": ds,
+                "dataset_name": names[ds],
+            }
+            where.update({"dataset_args": ds_args[ds], **{f"dataset_{k}": v for k, v in meta.items()}})
+            results += [
+                EvalResult(**where, metric_type=tag, metric_name=name, metric_value=self.eval_results[name])
+                for tag, name in metrics.items()
+            ]
+        return results
+
+    def card_data(self) -> ModelCardData:
+        """The card's metadata (YAML header and model-index) as `huggingface_hub.ModelCardData`."""
+        metrics = self.metric_tags()
+
+        def present(values: Any) -> list | None:
+            return [v for v in _as_list(values) if v is not None] or None
+
+        return ModelCardData(
+            library_name=self.library_name or None,
+            language=present(self.language),
+            license=self.license,
+            base_model=self.finetuned_from or None,
+            tags=present(self.tags),
+            datasets=present(self.dataset_tags),
+            metrics=list(metrics) or None,
+            model_name=self.model_name,
+            eval_results=self.hub_eval_results(metrics),  # [] still writes the model-index, as upstream
+        )
 
     def metadata(self) -> dict[str, Any]:
-        """The YAML header, in upstream's key order."""
-        metrics = self.metric_tags()
-        meta: dict[str, Any] = {}
-        if self.library_name:
-            meta["library_name"] = self.library_name
-        if languages := [v for v in _as_list(self.language) if v is not None]:
-            meta["language"] = languages
-        if self.license is not None:
-            meta["license"] = self.license
-        if self.finetuned_from:
-            meta["base_model"] = self.finetuned_from
-        for key, values in (("tags", self.tags), ("datasets", self.dataset_tags), ("metrics", list(metrics))):
-            if values := [v for v in _as_list(values) if v is not None]:
-                meta[key] = values
-        meta["model-index"] = self.model_index(metrics)
-        return meta
+        """The YAML header as a dict."""
+        return self.card_data().to_dict()
 
     def to_model_card(self) -> str:
         """The README.md text."""
-        card = f"---\n{yaml.safe_dump(self.metadata(), sort_keys=False)}---\n{AUTOGENERATED_COMMENT}"
+        header = self.card_data().to_yaml(original_order=_HEADER_ORDER)
+        card = f"---\n{header}\n---\n{AUTOGENERATED_COMMENT}"
         card += f"\n# {self.model_name}\n\n"
         if self.finetuned_from:
             card += (
@@ -199,8 +216,6 @@ class TrainingSummary:
 
 def framework_versions() -> list[tuple[str, str]]:
     """(name, version) of trainwright, PyTorch and the Hugging Face libraries that are installed."""
-    from trainwright import __version__
-
     versions = [("trainwright", __version__)]
     for label, module in _FRAMEWORKS.items():
         try:

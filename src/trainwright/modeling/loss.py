@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trainwright.data.items import count_items, is_causal_lm
+from trainwright.core.modules import unwrap_model
 
 
 def model_accepts_loss_kwargs(model: torch.nn.Module) -> bool | None:
@@ -123,6 +123,50 @@ def loss_honours_num_items(
     if not (math.isfinite(first) and math.isfinite(second)) or second == 0.0:
         return False
     return first / second > 1.5
+
+
+def count_items(
+    inputs: Mapping[str, Any], *, shift: bool, label_name: str = "labels", ignore_index: int = -100
+) -> torch.Tensor:
+    """Label targets the loss averages over, as a tensor on the labels' device (no host sync).
+
+    ``shift=True`` for a causal LM: it predicts token ``t+1`` from position ``t``, so the first
+    label of each sequence is never a target.
+    """
+    labels = inputs.get(label_name) if isinstance(inputs, Mapping) else None
+    if not isinstance(labels, torch.Tensor):
+        raise ValueError(f"count_items: the batch has no tensor {label_name!r} (keys: {list(inputs)}).")
+    if shift:
+        labels = labels[..., 1:]
+    return (labels != ignore_index).sum()
+
+
+_CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+
+
+def is_causal_lm(model: Any) -> bool:
+    """Whether the model's labels are shifted inside its loss (next-token prediction).
+
+    A custom module states it with the attribute ``label_shift = True`` (trainwright's contract;
+    ``False`` overrides the guesses below). Otherwise: a transformers class named
+    ``*ForCausalLM`` / ``*LMHeadModel``, a ``loss_type`` of "ForCausalLM", or a config that is a
+    decoder without being encoder-decoder.
+    """
+    model = unwrap_model(model)
+    declared = getattr(model, "label_shift", None)
+    if declared is not None:
+        return bool(declared)
+    if type(model).__name__.endswith(_CAUSAL_SUFFIXES):
+        return True
+    config = getattr(model, "config", None)
+    if (
+        getattr(model, "loss_type", None) == "ForCausalLM"
+        or getattr(config, "loss_type", None) == "ForCausalLM"
+    ):
+        return True
+    return bool(getattr(config, "is_decoder", False)) and not bool(
+        getattr(config, "is_encoder_decoder", False)
+    )
 
 
 def items_in_batch(inputs: Mapping[str, Any], label_shift: bool) -> torch.Tensor:

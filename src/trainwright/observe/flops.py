@@ -30,10 +30,12 @@ import copy
 import logging
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
+
+from trainwright.core.modules import unwrap_model
 
 logger = logging.getLogger(__name__)
 
@@ -361,7 +363,7 @@ def count_flops(
     implementation). See the module docstring for what the count includes.
     """
     try:
-        return _FakeStepCounter(_unwrap(model)).count(batch, loss_fn)
+        return _FakeStepCounter(unwrap_model(model)).count(batch, loss_fn)
     except Exception as exc:  # any failure means "cannot count": the caller falls back
         logger.warning("FLOP counting failed for %s: %s: %s", type(model).__name__, type(exc).__name__, exc)
         return None
@@ -415,21 +417,6 @@ def _signature(value: Any) -> Any:
     return type(value).__name__
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The user's module inside DataParallel / DDP / torch.compile wrappers."""
-    from torch.nn.parallel import DataParallel, DistributedDataParallel
-
-    while True:
-        if isinstance(model, (DataParallel, DistributedDataParallel)):
-            model = model.module
-        elif type(model).__name__ == "OptimizedModule" and isinstance(
-            getattr(model, "_orig_mod", None), torch.nn.Module
-        ):
-            model = cast(torch.nn.Module, model._orig_mod)  # checked just above
-        else:
-            return model
-
-
 class FlopsEstimator:
     """FLOPs of one training step (forward + backward) on a batch, from the best source available.
 
@@ -460,7 +447,7 @@ class FlopsEstimator:
             raise ValueError(
                 f"FlopsEstimator: max_counted_shapes must be an int >= 0, got {max_counted_shapes!r}"
             )
-        module = _unwrap(model)
+        module = unwrap_model(model)
         for name in ("flops_per_batch", "floating_point_ops"):
             attr = getattr(module, name, None)
             if attr is not None and not callable(attr):

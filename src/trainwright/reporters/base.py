@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from trainwright.core.events import EVENTS, TrainerCallback
+from trainwright.core.modules import unwrap_model
 from trainwright.reporters.helpers import (
     FALSE_VALUES,
     SUMMARY_KEYS,
@@ -28,7 +29,6 @@ from trainwright.reporters.helpers import (
     model_config_dict,
     rewrite_logs,
     saved_checkpoint_dir,
-    unwrap_model,
 )
 from trainwright.reporters.worker import (
     DEFAULT_TIMEOUT,

@@ -10,6 +10,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from trainwright.core.modules import unwrap_model
+
 TRUE_VALUES = frozenset({"1", "true", "yes", "on", "y"})
 FALSE_VALUES = frozenset({"0", "false", "no", "off", "n", ""})
 
@@ -127,19 +129,6 @@ def flatten_dict(d: Mapping[str, Any], sep: str = ".", prefix: str = "") -> dict
 
 
 # -- models and checkpoints ----------------------------------------------------------------------
-def unwrap_model(model: Any) -> Any:
-    """The user's module behind DDP/DataParallel and torch.compile wrappers."""
-    while model is not None:
-        cls = type(model).__name__
-        if cls in ("DistributedDataParallel", "DataParallel") and hasattr(model, "module"):
-            model = model.module
-        elif cls == "OptimizedModule" and hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model
-    return model
-
-
 def model_config_dict(model: Any) -> dict[str, Any] | None:
     """The model's `config` as a dict (transformers configs, dataclasses, mappings), else None."""
     config = getattr(unwrap_model(model), "config", None)
