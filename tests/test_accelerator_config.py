@@ -13,7 +13,7 @@ import torch
 
 from trainwright import Trainer, TrainingArguments
 from trainwright.args.accelerator_config import AcceleratorConfig
-from trainwright.distributed.runtime import Runtime
+from trainwright.core.runtime import Runtime
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

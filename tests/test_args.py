@@ -18,6 +18,7 @@ from trainwright.args.training_args import (
     Seq2SeqTrainingArguments,
     TrainingArguments,
 )
+from trainwright.core import runtime as runtime_module
 from trainwright.core.enums import (
     DebugOption,
     FSDPOption,
@@ -28,7 +29,6 @@ from trainwright.core.enums import (
     SaveStrategy,
     SchedulerType,
 )
-from trainwright.distributed import runtime as runtime_module
 
 
 @pytest.fixture(autouse=True)

@@ -15,8 +15,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from trainwright import Trainer, TrainerCallback
+from trainwright.core import runtime as runtime_mod
 from trainwright.distributed import device_cache
-from trainwright.distributed import runtime as runtime_mod
 from trainwright.loop.batch_size_finder import should_reduce_batch_size
 from trainwright.modeling.debug_underflow import UnderflowOverflowError
 

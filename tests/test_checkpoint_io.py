@@ -836,7 +836,7 @@ _TWO_RANKS = textwrap.dedent(
     """
     import errno, os, sys
     import trainwright.checkpoint as ckpt
-    from trainwright.distributed.runtime import get_runtime
+    from trainwright.core.runtime import get_runtime
 
     out = sys.argv[1]
     rt = get_runtime(use_cpu=True)

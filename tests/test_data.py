@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from trainwright.core.runtime import Runtime
 from trainwright.data import (
     EpochSeededDataLoader,
     LengthGroupedSampler,
@@ -34,7 +35,6 @@ from trainwright.data import (
     remove_unused_columns,
     skip_iterable,
 )
-from trainwright.distributed.runtime import Runtime
 from trainwright.modeling.loss import count_items, is_causal_lm
 
 CPU = torch.device("cpu")

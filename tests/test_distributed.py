@@ -562,8 +562,8 @@ def test_fsdp_auto_wrap_errors_name_the_setting():
 
 
 def test_one_process_with_fsdp_trains_unsharded(make_args, caplog):
+    from trainwright.core.runtime import get_runtime
     from trainwright.distributed.engine import Engine, build_engine
-    from trainwright.distributed.runtime import get_runtime
 
     runtime = get_runtime(use_cpu=True)
     model = dist_job.build_model("mlp")
@@ -585,15 +585,15 @@ def test_fsdp_refuses_a_prebuilt_optimizer(make_args):
 def test_world_size_without_a_rendezvous_address_is_a_clear_error():
     env = {**_env(), "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
     env.pop("MASTER_ADDR", None)
-    code = "from trainwright.distributed.runtime import get_runtime; get_runtime(use_cpu=True)"
+    code = "from trainwright.core.runtime import get_runtime; get_runtime(use_cpu=True)"
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "MASTER_ADDR and MASTER_PORT is not set: launch with torchrun" in proc.stderr
 
 
 def test_uncaught_errors_reach_torchelastics_error_file(tmp_path, monkeypatch):
-    from trainwright.distributed import runtime
-    from trainwright.distributed.runtime import _error_file_hook
+    from trainwright.core import runtime
+    from trainwright.core.runtime import _error_file_hook
 
     monkeypatch.setattr(runtime, "_FAILED", False)  # the hook marks the process as failing
     path = tmp_path / "error.json"

@@ -185,7 +185,8 @@ def test_cycle_finder_finds_a_cycle():
     "old,new",
     [
         ("trainwright.trainer", "trainwright.loop.trainer"),
-        ("trainwright.runtime", "trainwright.distributed.runtime"),
+        ("trainwright.runtime", "trainwright.core.runtime"),
+        ("trainwright.distributed.runtime", "trainwright.core.runtime"),
     ],
 )
 def test_old_module_paths_still_import_with_a_deprecation_warning(old, new):

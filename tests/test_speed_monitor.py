@@ -16,8 +16,8 @@ from torch.overrides import TorchFunctionMode
 from trainwright.callbacks import speed_monitor as sm
 from trainwright.callbacks.speed_monitor import SpeedMonitor
 from trainwright.core.events import CallbackHandler, TrainerCallback
+from trainwright.core.runtime import Runtime
 from trainwright.core.state import ExportableState, LoopCursor, TrainerControl, TrainerState
-from trainwright.distributed.runtime import Runtime
 
 CPU = torch.device("cpu")
 

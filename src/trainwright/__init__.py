@@ -22,13 +22,11 @@ from trainwright.callbacks import (
     SpeedMonitor,
 )
 from trainwright.checkpoint.folder import get_last_checkpoint
-from trainwright.core import process as _process
 from trainwright.core.events import CallbackHandler, TrainerCallback
 from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import TrainerControl, TrainerState
 from trainwright.core.version import __version__ as __version__
 from trainwright.data import default_data_collator
-from trainwright.distributed import runtime as _runtime
 from trainwright.integrations import (
     is_clearml_available,
     is_comet_available,
@@ -59,9 +57,6 @@ from trainwright.optim.schedules import (
 from trainwright.trainer_utils import torch_distributed_zero_first
 
 _moved_modules.install()
-# The layers below distributed/ (TrainingArguments' device, world_size, should_save, ...) reach the
-# runtime through core.process; looked up at each call, so a patched get_runtime takes effect.
-_process.register_runtime(lambda **kwargs: _runtime.get_runtime(**kwargs))
 
 _TF_NAMES = ("TFTrainer", "TFTrainingArguments")
 

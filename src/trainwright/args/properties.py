@@ -10,8 +10,7 @@ import sys
 from typing import Any
 
 from trainwright.args.checks import LOG_LEVELS, is_int
-from trainwright.core import process
-from trainwright.core.process import ProcessRuntime
+from trainwright.core import runtime as runtime_module
 
 
 def warmup_steps(args: Any, num_training_steps: int) -> int:
@@ -42,6 +41,9 @@ def process_log_level(args: Any) -> int:
     return logging.getLogger("trainwright").getEffectiveLevel()
 
 
-def runtime(args: Any) -> ProcessRuntime:
-    """This process's runtime for the arguments' device and process-group settings."""
-    return process.get_runtime(use_cpu=args.use_cpu, backend=args.ddp_backend, timeout_s=args.ddp_timeout)
+def runtime(args: Any) -> runtime_module.Runtime:
+    """This process's runtime for the arguments' device and process-group settings (looked up at each
+    call, so a patched `get_runtime` takes effect)."""
+    return runtime_module.get_runtime(
+        use_cpu=args.use_cpu, backend=args.ddp_backend, timeout_s=args.ddp_timeout
+    )

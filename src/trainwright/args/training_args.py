@@ -12,8 +12,7 @@ v4 default again, so `to_dict()` and a rebuild from it stay consistent. Where v4
 `V4_V5_CHOICES` says which behaviour trainwright follows.
 
 Construction touches no device and no process group: `device`, `world_size`, `should_save` and
-friends ask the runtime (`trainwright.core.process.get_runtime`, which is
-`trainwright.distributed.runtime.get_runtime`) the first time they are read.
+friends ask the runtime (`trainwright.core.runtime.get_runtime`) the first time they are read.
 """
 
 import contextlib

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from trainwright.core.events import TrainerCallback
-from trainwright.distributed.runtime import Runtime, get_runtime
+from trainwright.core.runtime import Runtime, get_runtime
 from trainwright.observe import flops
 
 logger = logging.getLogger(__name__)

@@ -304,7 +304,7 @@ def write_checkpoint(
 ) -> str:
     """Write a checkpoint atomically: `write_fn(tmp_dir)` writes the files; returns the final path.
 
-    `runtime` (a `trainwright.distributed.runtime.Runtime`) is required when several processes save together;
+    `runtime` (a `trainwright.core.runtime.Runtime`) is required when several processes save together;
     every rank must call this. On failure every rank raises `CheckpointError` naming the folder, the file
     and the cause (write errors from `write_fn` are wrapped: `OSError`, torch's serializer `RuntimeError`,
     safetensors' `SafetensorError`; a full disk is named as such even when the serializer does not say so;

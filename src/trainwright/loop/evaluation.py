@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from trainwright.distributed.runtime import Runtime
+from trainwright.core.runtime import Runtime
 from trainwright.observe.metrics import EvalAccumulator, nested_truncate
 
 

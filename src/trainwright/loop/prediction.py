@@ -21,8 +21,8 @@ from torch.utils.data import Dataset
 from trainwright import data as data_utils
 from trainwright.args.training_args import TrainingArguments
 from trainwright.core.events import CallbackHandler
+from trainwright.core.runtime import Runtime
 from trainwright.core.state import TrainerControl, TrainerState
-from trainwright.distributed.runtime import Runtime
 from trainwright.loop.evaluation import EvalGatherer
 from trainwright.loop.run import TrainingRun
 from trainwright.modeling import liger

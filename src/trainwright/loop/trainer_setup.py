@@ -27,9 +27,9 @@ from trainwright.callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCa
 from trainwright.checkpoint.output_lock import create_output_dir
 from trainwright.core.enums import DebugOption
 from trainwright.core.events import CallbackHandler, TrainerCallback
+from trainwright.core.runtime import Runtime, get_runtime
 from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import TrainerControl, TrainerState
-from trainwright.distributed.runtime import Runtime, get_runtime
 from trainwright.loop import dataloaders, hub
 from trainwright.loop.run import TrainingRun, empty_training_message
 from trainwright.modeling import debug_underflow, liger, neftune
