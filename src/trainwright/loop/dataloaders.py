@@ -96,6 +96,28 @@ def inference_dataloader(trainer: DataTrainer, dataset: Any, description: str) -
     )
 
 
+def eval_dataloader(trainer: DataTrainer, eval_dataset: Any) -> torch.utils.data.DataLoader:
+    """`get_eval_dataloader`: with `dataloader_persistent_workers`, one loader per evaluation
+    dataset, kept for later evaluations so its workers start once (upstream's `_eval_dataloaders`,
+    keyed by the dataset's name, "eval" for the trainer's single one or a dataset passed in).
+
+    Upstream returns the kept loader whatever dataset is then passed under that key; here a loader
+    is reused only for the same dataset object it was built from, else built anew and kept.
+    """
+    key = eval_dataset if isinstance(eval_dataset, str) else "eval"
+    dataset = eval_dataset_of(trainer, eval_dataset)
+    persistent = trainer.args.dataloader_persistent_workers
+    loaders: dict[str, Any] | None = getattr(trainer, "_eval_dataloaders", None)
+    sources: dict[str, Any] = trainer.__dict__.setdefault("_eval_dataloader_datasets", {})
+    if persistent and loaders is not None and key in loaders and sources.get(key) is dataset:
+        return loaders[key]
+    loader = inference_dataloader(trainer, dataset, "evaluation")
+    if persistent:
+        trainer.__dict__.setdefault("_eval_dataloaders", {})[key] = loader
+        sources[key] = dataset
+    return loader
+
+
 def num_examples(dataloader: Any, fallback_batch_size: int) -> int:
     """Samples in the dataloader's dataset; else batches x batch size (the loader's, else
     `fallback_batch_size`), for a loader without `.dataset` or `.batch_size`."""

@@ -178,8 +178,7 @@ class TrainerAPI(TrainerSetup):
 
     def get_eval_dataloader(self, eval_dataset: str | Dataset | None = None) -> torch.utils.data.DataLoader:
         """Evaluation dataloader (a name selects one of a dict of eval datasets)."""
-        dataset = dataloaders.eval_dataset_of(self, eval_dataset)
-        return dataloaders.inference_dataloader(self, dataset, "evaluation")
+        return dataloaders.eval_dataloader(self, eval_dataset)
 
     def get_test_dataloader(self, test_dataset: Dataset) -> torch.utils.data.DataLoader:
         return dataloaders.inference_dataloader(self, test_dataset, "test")

@@ -1,0 +1,69 @@
+"""What transformers' own trainer tests still caught (issue 20), each behaviour written here by us.
+
+Each test names the upstream test (transformers 5.23, tests/trainer/) it corresponds to.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from conftest import RegressionDataset, RegressionModel
+
+from trainwright import Trainer
+
+transformers = pytest.importorskip("transformers")
+
+
+class PidRecordingDataset(RegressionDataset):
+    """Appends the pid of the process that reads each item to a file (dataloader workers included)."""
+
+    def __init__(self, log_path: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.log_path = log_path
+
+    def __getitem__(self, i: int) -> dict:
+        with open(self.log_path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return super().__getitem__(i)
+
+
+def _reader_pids(path) -> set[str]:
+    return set(path.read_text().split())
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_persistent_workers_start_once_for_repeated_evaluations(make_args, tmp_path, persistent):
+    """Upstream: test_trainer_data.py `test_get_eval_dataloader_with_persistent_workers` (and
+    `_without_`): the eval loader is kept per dataset name, so three evaluations start two workers."""
+    single, named = tmp_path / "single.log", tmp_path / "named.log"
+    args = make_args(dataloader_num_workers=2, dataloader_persistent_workers=persistent)
+    trainer = Trainer(
+        model=RegressionModel(), args=args, eval_dataset=PidRecordingDataset(str(single), length=16)
+    )
+    for _ in range(3):
+        trainer.evaluate()
+    assert len(_reader_pids(single)) == (2 if persistent else 6)
+    assert (trainer.get_eval_dataloader() is trainer.get_eval_dataloader(trainer.eval_dataset)) is persistent
+
+    first, second = PidRecordingDataset(str(named), length=16), PidRecordingDataset(str(named), length=16)
+    trainer = Trainer(model=RegressionModel(), args=args, eval_dataset={"first": first, "second": second})
+    for _ in range(3):
+        metrics = trainer.evaluate()
+    assert {"eval_first_loss", "eval_second_loss"} <= set(metrics)
+    assert len(_reader_pids(named)) == (4 if persistent else 12)
+    assert (trainer.get_eval_dataloader("first") is trainer.get_eval_dataloader("first")) is persistent
+    assert trainer.get_eval_dataloader("first") is not trainer.get_eval_dataloader("second")
+
+
+def test_a_kept_eval_loader_is_never_used_for_another_dataset(make_args):
+    """Upstream keys the kept loader by "eval" only, so a dataset passed in later would be evaluated
+    on the first one's loader; here another dataset gets its own loader."""
+    args = make_args(dataloader_num_workers=1, dataloader_persistent_workers=True)
+    trainer = Trainer(model=RegressionModel(), args=args, eval_dataset=RegressionDataset(length=16))
+    kept = trainer.get_eval_dataloader()
+    other = RegressionDataset(length=24, seed=1)
+    assert trainer.get_eval_dataloader(other).dataset is other
+    assert trainer.evaluate(other)["eval_loss"] == pytest.approx(trainer.evaluate(other)["eval_loss"])
+    assert len(trainer.get_eval_dataloader(other).dataset) == 24
+    assert trainer.get_eval_dataloader() is not kept  # "eval" now keeps the last one built
