@@ -498,7 +498,7 @@ def test_get_scheduler_takes_transformers_scheduler_type() -> None:
 
     for member in trainer_utils.SchedulerType:
         if member.value in ("greedy", "reduce_lr_on_plateau", "warmup_stable_decay"):
-            continue  # greedy is refused by name; the others do not follow num_training_steps
+            continue  # metric-driven (greedy, plateau) or not following num_training_steps (wsd)
         assert lrs(member) == lrs(member.value), member
 
 

@@ -67,3 +67,76 @@ def test_a_kept_eval_loader_is_never_used_for_another_dataset(make_args):
     assert trainer.evaluate(other)["eval_loss"] == pytest.approx(trainer.evaluate(other)["eval_loss"])
     assert len(trainer.get_eval_dataloader(other).dataset) == 24
     assert trainer.get_eval_dataloader() is not kept  # "eval" now keeps the last one built
+
+
+class OneArgumentLog(Trainer):
+    """A subclass written for transformers < 4.47: `log` without `start_time`."""
+
+    def log(self, logs):
+        self.rows.append(dict(logs))
+        super().log(logs)
+
+
+def test_a_one_argument_log_override_runs(make_args):
+    """Upstream: test_trainer_optimizers.py `test_reduce_lr_on_plateau` and `test_greedy_lr`, whose
+    `TrainerWithLRLogs.log(self, logs)` runs because upstream's calls fit it; here the training rows
+    (the last partial window included) are passed to it with one argument too."""
+    args = make_args(
+        logging_steps=3, max_steps=10, eval_strategy="steps", eval_steps=5, per_device_train_batch_size=4
+    )
+    trainer = OneArgumentLog(
+        RegressionModel(),
+        args,
+        train_dataset=RegressionDataset(length=64),
+        eval_dataset=RegressionDataset(length=16),
+    )
+    trainer.rows = []
+    trainer.train()
+    assert [row["step"] for row in trainer.state.log_history if "loss" in row] == [3, 6, 9, 10]
+    assert (
+        sum("loss" in row for row in trainer.rows) == 4
+        and sum("eval_loss" in row for row in trainer.rows) == 2
+    )
+    assert "train_runtime" in trainer.rows[-1]
+
+
+def test_a_two_argument_log_override_gets_the_start_time(make_args):
+    seen = []
+
+    class NewLog(Trainer):
+        def log(self, logs, start_time=None):
+            seen.append(start_time)
+            super().log(logs, start_time)
+
+    trainer = NewLog(
+        RegressionModel(), make_args(logging_steps=2, max_steps=4), train_dataset=RegressionDataset()
+    )
+    trainer.train()
+    assert all(isinstance(t, float) for t in seen[:2]) and seen[-1] is None  # two windows, then train metrics
+
+
+def test_reduce_lr_on_plateau_with_the_older_log(make_args):
+    """Upstream: test_trainer_optimizers.py `test_reduce_lr_on_plateau`."""
+
+    class LogsLastLr(Trainer):
+        def log(self, logs):
+            if hasattr(self.lr_scheduler, "_last_lr"):
+                logs["learning_rate"] = self.lr_scheduler._last_lr[0]
+            super().log(logs)
+
+    args = make_args(
+        lr_scheduler_type="reduce_lr_on_plateau",
+        eval_strategy="epoch",
+        metric_for_best_model="eval_loss",
+        num_train_epochs=10,
+        learning_rate=0.2,
+    )
+    trainer = LogsLastLr(
+        RegressionModel(),
+        args,
+        train_dataset=RegressionDataset(length=64),
+        eval_dataset=RegressionDataset(length=64),
+    )
+    trainer.train()
+    lrs = [row["learning_rate"] for row in trainer.state.log_history if "learning_rate" in row]
+    assert lrs and all(b <= a for a, b in zip(lrs, lrs[1:]))

@@ -85,7 +85,6 @@ V4_V5_CHOICES: dict[str, str] = {
     "ray_scope": "Kept (v4, removed in v5) for hyperparameter-search backends.",
     "parallelism_config": "Accepted as a name (v5); a value is an error: accelerate's ParallelismConfig is "
     "not supported.",
-    "lr_scheduler_type": 'v5\'s "greedy" schedule is not provided.',
     "save_total_limit": "Must be >= 1 when given (None keeps every checkpoint); upstream silently treats 0 as None.",
 }
 

@@ -149,12 +149,6 @@ def _resolve_choices(args: Any) -> None:
     args.logging_strategy = choice(args, "logging_strategy", IntervalStrategy)
     args.save_strategy = choice(args, "save_strategy", SaveStrategy)
     args.hub_strategy = choice(args, "hub_strategy", HubStrategy)
-    if args.lr_scheduler_type == "greedy":
-        raise invalid(
-            args,
-            "lr_scheduler_type",
-            f"the greedy schedule is not provided; choose one of {SchedulerType.values()}",
-        )
     args.lr_scheduler_type = choice(args, "lr_scheduler_type", SchedulerType)
     if isinstance(args.optim, Enum):  # ours or transformers' OptimizerNames: str() is not the value
         args.optim = args.optim.value
@@ -303,7 +297,7 @@ def _check_interval(args: Any, name: str, used: bool, strategy: str) -> None:
 
 
 def _resolve_best_model(args: Any) -> None:
-    plateau = args.lr_scheduler_type == SchedulerType.REDUCE_ON_PLATEAU
+    plateau = args.lr_scheduler_type in (SchedulerType.REDUCE_ON_PLATEAU, SchedulerType.GREEDY)
     if (args.load_best_model_at_end or plateau) and args.metric_for_best_model is None:
         args.metric_for_best_model = "loss"
     if args.greater_is_better is None and args.metric_for_best_model is not None:
@@ -311,8 +305,11 @@ def _resolve_best_model(args: Any) -> None:
     if args.save_strategy == SaveStrategy.BEST and args.metric_for_best_model is None:
         raise invalid(args, "save_strategy", "'best' needs metric_for_best_model (the metric to compare)")
     if plateau and args.eval_strategy == IntervalStrategy.NO:
-        raise invalid(
-            args, "lr_scheduler_type", "reduce_lr_on_plateau needs an eval_strategy other than 'no'"
+        raise invalid(  # upstream's sentence: "lr_scheduler_type greedy requires an eval strategy"
+            args,
+            "lr_scheduler_type",
+            f"lr_scheduler_type {args.lr_scheduler_type.value} requires an eval strategy (eval_strategy "
+            "other than 'no'): it is stepped with the evaluation metric",
         )
     if args.load_best_model_at_end and args.save_strategy != SaveStrategy.BEST:
         _check_best_model_schedule(args)
