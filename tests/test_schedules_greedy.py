@@ -83,6 +83,9 @@ def test_argument_checks_match_upstream() -> None:
 def test_greedy_by_name_is_upstreams_class_else_ours(monkeypatch) -> None:
     scheduler = get_scheduler("greedy", _optimizer(), 5, 100, scheduler_specific_kwargs={"patience": 3})
     assert type(scheduler) is Upstream and scheduler.patience == 3
+    import trainwright
+
+    assert trainwright.get_greedy_schedule(_optimizer(), factor=0.5).factor == 0.5  # as transformers exports it
     with pytest.raises(ValueError, match="lr scheduler 'greedy'.*patients"):
         get_scheduler("greedy", _optimizer(), scheduler_specific_kwargs={"patients": 3})
     monkeypatch.setattr(ours.importlib.util, "find_spec", lambda name: None)
