@@ -140,3 +140,32 @@ def test_reduce_lr_on_plateau_with_the_older_log(make_args):
     trainer.train()
     lrs = [row["learning_rate"] for row in trainer.state.log_history if "learning_rate" in row]
     assert lrs and all(b <= a for a, b in zip(lrs, lrs[1:]))
+
+
+def test_messages_carry_upstreams_sentences(make_args):
+    """Upstream: test_trainer_checkpointing.py `test_metric_for_best_model_behavior` (the sentence);
+    test_trainer_data.py `test_label_smoothing_multi_label_incompatibility` is in
+    test_upstream_behaviours.py."""
+    with pytest.raises(ValueError, match="`args.metric_for_best_model` must be provided") as info:
+        make_args(eval_strategy="epoch", save_strategy="best")
+    assert "save_strategy='best'" in str(info.value)  # and our naming of the field
+
+
+@pytest.mark.parametrize(
+    "name, module",
+    [("adamw_bnb_8bit", "bitsandbytes.optim"), ("adamw_anyprecision", "torchdistx.optimizers")],
+)
+def test_a_missing_optimizer_package_is_importerror_and_valueerror(monkeypatch, name, module):
+    """Upstream: test_trainer.py `TrainerOptimizerChoiceTest.test_bnb_not_available` (ImportError),
+    `test_no_torchdistx_anyprecision_adamw` and `test_fused_adam_no_apex` (ValueError)."""
+    import sys
+
+    from trainwright import TrainingArguments
+    from trainwright.optim.extra import MissingOptimizerPackageError
+
+    monkeypatch.setitem(sys.modules, module, None)
+    args = TrainingArguments(output_dir="unused", optim=name, report_to="none")
+    for expected in (ImportError, ValueError):
+        with pytest.raises(expected) as info:
+            Trainer.get_optimizer_cls_and_kwargs(args)
+        assert type(info.value) is MissingOptimizerPackageError and "pip install" in str(info.value)

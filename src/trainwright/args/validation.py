@@ -303,13 +303,20 @@ def _resolve_best_model(args: Any) -> None:
     if args.greater_is_better is None and args.metric_for_best_model is not None:
         args.greater_is_better = not args.metric_for_best_model.endswith("loss")
     if args.save_strategy == SaveStrategy.BEST and args.metric_for_best_model is None:
-        raise invalid(args, "save_strategy", "'best' needs metric_for_best_model (the metric to compare)")
+        raise invalid(  # upstream's sentence, which scripts and tests look for
+            args,
+            "save_strategy",
+            "`args.metric_for_best_model` must be provided when using 'best' save_strategy or if "
+            "`args.load_best_model_at_end` is set to `True` (the metric to compare).",
+            args.save_strategy.value,
+        )
     if plateau and args.eval_strategy == IntervalStrategy.NO:
         raise invalid(  # upstream's sentence: "lr_scheduler_type greedy requires an eval strategy"
             args,
             "lr_scheduler_type",
             f"lr_scheduler_type {args.lr_scheduler_type.value} requires an eval strategy (eval_strategy "
             "other than 'no'): it is stepped with the evaluation metric",
+            args.lr_scheduler_type.value,
         )
     if args.load_best_model_at_end and args.save_strategy != SaveStrategy.BEST:
         _check_best_model_schedule(args)

@@ -262,8 +262,8 @@ class TrainerSetup:
             and getattr(getattr(model, "config", None), "problem_type", None) == "multi_label_classification"
         ):
             warnings.warn(  # as upstream: smoothing one-hot targets makes no sense for independent labels
-                "label_smoothing_factor is not used with multi-label classification (problem_type="
-                "'multi_label_classification'): training without label smoothing.",
+                "Label smoothing is not compatible with multi-label classification. Disabling label "
+                "smoothing for this training run (label_smoothing_factor, problem_type='multi_label_classification').",
                 UserWarning,
                 stacklevel=3,
             )
