@@ -85,9 +85,8 @@ def test_greedy_by_name_is_upstreams_class_else_ours(monkeypatch) -> None:
     assert type(scheduler) is Upstream and scheduler.patience == 3
     import trainwright
 
-    assert (
-        trainwright.get_greedy_schedule(_optimizer(), factor=0.5).factor == 0.5
-    )  # as transformers exports it
+    # exported at the top level, as transformers does
+    assert trainwright.get_greedy_schedule(_optimizer(), factor=0.5).factor == 0.5
     with pytest.raises(ValueError, match="lr scheduler 'greedy'.*patients"):
         get_scheduler("greedy", _optimizer(), scheduler_specific_kwargs={"patients": 3})
     monkeypatch.setattr(ours.importlib.util, "find_spec", lambda name: None)
