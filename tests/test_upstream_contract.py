@@ -169,3 +169,48 @@ def test_a_missing_optimizer_package_is_importerror_and_valueerror(monkeypatch, 
         with pytest.raises(expected) as info:
             Trainer.get_optimizer_cls_and_kwargs(args)
         assert type(info.value) is MissingOptimizerPackageError and "pip install" in str(info.value)
+
+
+def test_every_checkpoint_has_training_args_bin_never_read_back(make_args, monkeypatch):
+    """Upstream: test_trainer_checkpointing.py `check_saved_checkpoints` looks for training_args.bin
+    in every checkpoint. Here it is the JSON's plain dict, loadable weights-only, in the manifest."""
+    import json
+
+    import torch
+
+    import trainwright.checkpoint as ckpt
+
+    args = make_args(max_steps=4, save_strategy="steps", save_steps=2, per_device_train_batch_size=8)
+    trainer = Trainer(RegressionModel(), args, train_dataset=RegressionDataset(length=64))
+    trainer.train()
+    for step in (2, 4):
+        folder = os.path.join(args.output_dir, f"checkpoint-{step}")
+        saved = torch.load(os.path.join(folder, "training_args.bin"), weights_only=True)
+        with open(os.path.join(folder, "training_args.json")) as f:
+            assert saved == json.load(f)
+        assert type(saved) is dict and saved["save_steps"] == 2 and saved["output_dir"] == args.output_dir
+        with open(os.path.join(folder, ckpt.CHECKPOINT_COMPLETE_NAME)) as f:
+            manifest = json.load(f)
+        assert "training_args.bin" in manifest["files"] and "training_args.bin" in manifest["checksums"]
+    # a resume reads the JSON only
+    loaded: list[str] = []
+    real_load = torch.load
+    monkeypatch.setattr(
+        torch, "load", lambda path, *a, **k: (loaded.append(str(path)), real_load(path, *a, **k))[1]
+    )
+    resumed = Trainer(
+        RegressionModel(),
+        make_args(**{**args.to_dict(), "max_steps": 6}),
+        train_dataset=RegressionDataset(length=64),
+    )
+    resumed.train(resume_from_checkpoint=os.path.join(args.output_dir, "checkpoint-4"))
+    assert any(p.endswith("optimizer.pt") for p in loaded)
+    assert not any(p.endswith("training_args.bin") for p in loaded)
+    # the manifest covers it: damage is caught like any other file's
+    folder = os.path.join(args.output_dir, "checkpoint-2")
+    data = bytearray(open(os.path.join(folder, "training_args.bin"), "rb").read())
+    data[-30] ^= 0xFF
+    open(os.path.join(folder, "training_args.bin"), "wb").write(bytes(data))
+    assert ckpt.verify_checkpoint(folder) == [
+        "training_args.bin is damaged (its checksum differs from the one recorded when it was written)"
+    ]
