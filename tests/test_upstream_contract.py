@@ -214,3 +214,59 @@ def test_every_checkpoint_has_training_args_bin_never_read_back(make_args, monke
     assert ckpt.verify_checkpoint(folder) == [
         "training_args.bin is damaged (its checksum differs from the one recorded when it was written)"
     ]
+
+
+def test_jit_checkpoint_callback_is_found_where_upstream_puts_it(make_args):
+    """Upstream: test_trainer_jit_checkpoint.py `test_integration_with_trainer`,
+    `test_jit_checkpoint_callback_initialization`, `test_jit_checkpoint_callback_set_trainer_enabled`
+    and `_disabled`; the save itself: `SIGTERM` ends the step, writes the checkpoint, exits 0."""
+    import signal
+
+    from trainwright import TrainerCallback
+    from trainwright.integrations import JITCheckpointCallback
+
+    def found(trainer):
+        return [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, JITCheckpointCallback)]
+
+    fresh = JITCheckpointCallback()
+    assert fresh.trainer is None and fresh.jit_manager is None
+    data = RegressionDataset(length=64)
+    for value in (None, False):  # upstream adds it only for enable_jit_checkpoint=True
+        assert (
+            found(Trainer(RegressionModel(), make_args(enable_jit_checkpoint=value), train_dataset=data))
+            == []
+        )
+    off = Trainer(RegressionModel(), make_args(enable_jit_checkpoint=False), train_dataset=data)
+    fresh.set_trainer(off)
+    assert fresh.trainer is off and fresh.jit_manager is None
+    assert (
+        found(
+            Trainer(
+                RegressionModel(),
+                make_args(enable_jit_checkpoint=True, preemption_signals=[]),
+                train_dataset=data,
+            )
+        )
+        == []
+    )
+
+    class SigtermAtStep2(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    class Probe(TrainerCallback):
+        seen: list[bool] = []
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.seen.append(jit.jit_manager.is_checkpoint_requested)
+
+    args = make_args(enable_jit_checkpoint=True, max_steps=6, per_device_train_batch_size=8)
+    trainer = Trainer(RegressionModel(), args, train_dataset=data, callbacks=[SigtermAtStep2, Probe])
+    (jit,) = found(trainer)
+    assert jit.trainer is trainer and jit.jit_manager.signals == args.preemption_signals
+    assert not jit.jit_manager.is_checkpoint_requested
+    with pytest.raises(SystemExit) as info:
+        trainer.train()
+    assert info.value.code == 0 and Probe.seen == [False, True]
+    assert os.path.isdir(os.path.join(args.output_dir, "checkpoint-2")) and trainer.state.global_step == 2

@@ -24,6 +24,7 @@ from torch.utils.data import Dataset, IterableDataset
 from trainwright import data as data_utils
 from trainwright.args.training_args import TrainingArguments
 from trainwright.callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCallback
+from trainwright.callbacks.jit_checkpoint import jit_checkpoint_callbacks
 from trainwright.checkpoint.async_writer import AsyncCheckpointWriter, GroupCollectives
 from trainwright.checkpoint.output_lock import create_output_dir
 from trainwright.core.enums import DebugOption
@@ -210,6 +211,7 @@ class TrainerSetup:
         self._validate_data()
 
         default = DEFAULT_CALLBACKS + get_reporting_integration_callbacks(args.report_to)
+        default += jit_checkpoint_callbacks(self)  # upstream's name for the preemption save
         callbacks = default + list(callbacks or [])
         callbacks.append(PrinterCallback if args.disable_tqdm else ProgressCallback)
         self.callback_handler = CallbackHandler(
