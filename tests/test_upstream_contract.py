@@ -270,3 +270,40 @@ def test_jit_checkpoint_callback_is_found_where_upstream_puts_it(make_args):
         trainer.train()
     assert info.value.code == 0 and Probe.seen == [False, True]
     assert os.path.isdir(os.path.join(args.output_dir, "checkpoint-2")) and trainer.state.global_step == 2
+
+
+def test_sortish_sampler_is_the_group_by_length_sampler(tmp_path, caplog):
+    """v4 scripts pass `Seq2SeqTrainingArguments(sortish_sampler=True)` (upstream 5 accepts and ignores
+    it; transformers' old examples' SortishSampler shuffled batches of similar lengths): here it is
+    the group_by_length sampler, said once in the log. No upstream test reads it (5.23 has only the
+    field); the sampler's behaviour is upstream's test_trainer_data.py `test_group_by_length`."""
+    from trainwright import Seq2SeqTrainer, Seq2SeqTrainingArguments
+    from trainwright.args import validation
+    from trainwright.data.samplers import LengthGroupedSampler
+
+    validation._SAID.discard("sortish_sampler")
+    lengths = [3, 17, 5, 9, 12, 2, 20, 7, 15, 4, 11, 6, 19, 8, 13, 1]
+    data = [{"input_ids": list(range(1, n + 1)), "labels": [1, 2]} for n in lengths]
+
+    def order(**kw):
+        args = Seq2SeqTrainingArguments(
+            output_dir=str(tmp_path / "o"),
+            report_to="none",
+            use_cpu=True,
+            per_device_train_batch_size=4,
+            **kw,
+        )
+        trainer = Seq2SeqTrainer(model=RegressionModel(), args=args, train_dataset=data)
+        sampler = trainer.get_train_dataloader().sampler
+        return args, sampler, list(sampler)
+
+    with caplog.at_level("WARNING", logger="trainwright"):
+        args, sampler, sortish = order(sortish_sampler=True)
+        order(sortish_sampler=True)
+    assert args.train_sampling_strategy == "group_by_length" and args.group_by_length
+    assert isinstance(sampler, LengthGroupedSampler)
+    assert sortish == order(train_sampling_strategy="group_by_length")[2]
+    assert sortish != list(range(16)) and lengths[sortish[0]] == max(lengths)  # longest batch first
+    assert caplog.text.count("sortish_sampler=True: training batches are drawn by length") == 1
+    with pytest.raises(ValueError, match="sortish_sampler.*train_sampling_strategy='sequential'"):
+        order(sortish_sampler=True, train_sampling_strategy="sequential")

@@ -72,18 +72,36 @@ def validate(args: Any) -> None:
 def validate_seq2seq(args: Any) -> None:
     """What `Seq2SeqTrainingArguments` adds, after `validate`."""
     if args.sortish_sampler:
-        raise invalid(
-            args,
-            "sortish_sampler",
-            "upstream's Seq2SeqTrainer does not read it either (it belonged to the old Seq2SeqDataset "
-            'examples); for batches of similar lengths use train_sampling_strategy="group_by_length"',
-        )
+        _sortish_is_group_by_length(args)
     check_int(args, "generation_max_length", 1, optional=True)
     check_int(args, "generation_num_beams", 1, optional=True)
     if isinstance(args.generation_config, os.PathLike):
         args.generation_config = os.fspath(args.generation_config)
     if isinstance(args.generation_config, str) and args.generation_config.strip().startswith("{"):
         args.generation_config = dict_from_string(args, "generation_config", args.generation_config)
+
+
+_SAID: set[str] = set()
+
+
+def _sortish_is_group_by_length(args: Any) -> None:
+    """v4 scripts pass sortish_sampler=True (upstream now ignores it): give it its meaning, batches of
+    similar lengths with randomness, which is the group_by_length sampler."""
+    if args.train_sampling_strategy == "sequential":
+        raise invalid(
+            args,
+            "sortish_sampler",
+            "it shuffles batches of similar lengths, and train_sampling_strategy='sequential' keeps the "
+            "dataset's order: give only one",
+        )
+    args.train_sampling_strategy, args.group_by_length = "group_by_length", True
+    if "sortish_sampler" not in _SAID:
+        _SAID.add("sortish_sampler")
+        logger.warning(
+            "sortish_sampler=True: training batches are drawn by length, similar lengths together with "
+            "randomness (the sampler of train_sampling_strategy='group_by_length', lengths from "
+            "length_column_name or input_ids). transformers 5 ignores sortish_sampler."
+        )
 
 
 # -- paths and dict-valued fields --------------------------------------------------------------
