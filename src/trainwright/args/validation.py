@@ -157,6 +157,24 @@ def _parse_dict_fields(args: Any) -> None:
                 f"accelerator_config's gradient_accumulation_kwargs num_steps={steps} also sets it; give one",
             )
         args.gradient_accumulation_steps = steps
+    _check_data_settings(args, accelerator_config)
+
+
+def _check_data_settings(args: Any, config: AcceleratorConfig) -> None:
+    """accelerator_config's data settings that another argument would contradict."""
+    if not config.use_seedable_sampler and args.data_seed is not None:
+        raise invalid(
+            args,
+            "data_seed",
+            "accelerator_config use_seedable_sampler=False draws the shuffling seed from torch's global RNG, "
+            "so data_seed would not be used; leave one of them unset",
+        )
+    if not config.even_batches and (args.fsdp or args.deepspeed):
+        raise ValueError(
+            f"{type(args).__name__}: accelerator_config['even_batches']=False is not supported with fsdp or "
+            "deepspeed: a sharded model's forward is collective, so every process must run the same number "
+            "of batches, which only even_batches=True guarantees"
+        )
 
 
 # -- choice-valued fields --------------------------------------------------------------------
