@@ -1,6 +1,7 @@
 """`accelerator_config`: upstream's AcceleratorConfig read by attribute and as a dict; the settings
 trainwright honours (non_blocking, gradient_accumulation_kwargs num_steps / sync_each_batch, checked
-with real torchrun processes) and the ones it refuses, each with the key named."""
+with real torchrun processes; the data settings split_batches, dispatch_batches, even_batches and
+use_seedable_sampler, in test_accelerator_data.py) and the ones it refuses, each with the key named."""
 
 from __future__ import annotations
 
@@ -58,12 +59,10 @@ def test_num_steps_sets_gradient_accumulation_steps_as_upstream():
 @pytest.mark.parametrize(
     "config, key",
     [
-        ({"split_batches": True}, "split_batches"),
-        ({"dispatch_batches": True}, "dispatch_batches"),
-        ({"even_batches": False}, "even_batches"),
-        ({"use_seedable_sampler": False}, "use_seedable_sampler"),
         ({"use_configured_state": True}, "use_configured_state"),
         ({"non_blocking": "yes"}, "non_blocking"),
+        ({"split_batches": 1}, "split_batches"),
+        ({"dispatch_batches": "sometimes"}, "dispatch_batches"),
         ({"gradient_accumulation_kwargs": {"adjust_scheduler": False}}, "gradient_accumulation_kwargs"),
         ({"gradient_accumulation_kwargs": {"sync_with_dataloader": False}}, "gradient_accumulation_kwargs"),
         ({"gradient_accumulation_kwargs": {"num_steps": 0}}, "gradient_accumulation_kwargs"),
@@ -74,6 +73,32 @@ def test_num_steps_sets_gradient_accumulation_steps_as_upstream():
 def test_refused_settings_name_the_key(config, key):
     with pytest.raises(ValueError, match=f"accelerator_config.*{key}"):
         make(accelerator_config=config)
+
+
+def test_true_false_strings_from_a_dict_are_booleans():
+    """As transformers reads a command line's JSON (`_convert_str_dict`): "True"/"false" are booleans."""
+    cfg = make(
+        accelerator_config={
+            "split_batches": "True",
+            "dispatch_batches": "FALSE",
+            "even_batches": "false",
+            "use_seedable_sampler": " true ",
+            "non_blocking": "False",
+            "gradient_accumulation_kwargs": {"sync_each_batch": "true", "num_steps": "2"},
+        }
+    ).accelerator_config
+    assert (cfg.split_batches, cfg.dispatch_batches, cfg.even_batches) == (True, False, False)
+    assert (cfg.use_seedable_sampler, cfg.non_blocking, cfg.sync_each_batch) == (True, False, True)
+    assert cfg.gradient_accumulation_kwargs["num_steps"] == 2
+    cli = make(accelerator_config='{"split_batches": "true", "even_batches": "False"}').accelerator_config
+    assert (cli.split_batches, cli.even_batches) == (True, False)
+
+
+def test_data_settings_that_other_arguments_contradict_are_refused():
+    with pytest.raises(ValueError, match="data_seed.*use_seedable_sampler=False"):
+        make(data_seed=3, accelerator_config={"use_seedable_sampler": False})
+    with pytest.raises(ValueError, match="even_batches'\\]=False is not supported with fsdp"):
+        make(fsdp="full_shard", accelerator_config={"even_batches": False})
 
 
 def test_accepted_values_equal_to_the_defaults():

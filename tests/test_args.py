@@ -170,8 +170,15 @@ def test_scheduler_names():
         "cosine_with_min_lr",
         "cosine_warmup_with_min_lr",
         "warmup_stable_decay",
+        "greedy",
     ]
-    with pytest.raises(ValueError, match="lr_scheduler_type='greedy'.*not provided"):
+    greedy = make(lr_scheduler_type="greedy", eval_strategy="epoch")
+    assert (greedy.lr_scheduler_type, greedy.metric_for_best_model, greedy.greater_is_better) == (
+        "greedy",
+        "loss",
+        False,
+    )
+    with pytest.raises(ValueError, match="lr_scheduler_type greedy requires an eval strategy"):
         make(lr_scheduler_type="greedy")
 
 
@@ -277,7 +284,7 @@ def test_validation_messages_say_what_is_expected():
         make(per_device_train_batch_size=0)
     with pytest.raises(ValueError, match="at most one of fp16 and bf16"):
         make(fp16=True, bf16=True)
-    with pytest.raises(ValueError, match="reduce_lr_on_plateau needs an eval_strategy"):
+    with pytest.raises(ValueError, match="lr_scheduler_type reduce_lr_on_plateau requires an eval strategy"):
         make(lr_scheduler_type="reduce_lr_on_plateau")
     with pytest.raises(ValueError, match="only valid with dataloader_num_workers > 0"):
         make(dataloader_prefetch_factor=2)

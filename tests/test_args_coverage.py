@@ -28,6 +28,7 @@ _HUB = "tests/test_hub.py"
 _OLD_NAMES = f"{_ARGS}::test_old_names_map_onto_new_fields_with_a_warning"
 
 BEHAVIOUR_TESTS: dict[str, str] = {
+    "sortish_sampler": "tests/test_upstream_contract.py::test_sortish_sampler_is_the_group_by_length_sampler",
     "ray_scope": "tests/test_hpo_ray.py::test_ray_scope_picks_the_best_trial_by_that_scope",
     # output and phases
     "output_dir": f"{_FIELDS}::test_resume_from_checkpoint_argument_is_what_train_resumes_from",
@@ -198,7 +199,6 @@ REFUSED: dict[str, object] = {
     "trackio_space_id": "user/space",
     "trackio_bucket_id": "user/bucket",
     "trackio_static_space_id": "user/static-space",
-    "sortish_sampler": True,
     "half_precision_backend": "apex",
     "save_safetensors": False,
     "fp16_opt_level": "O2",

@@ -208,10 +208,18 @@ def test_state_dict_round_trip_and_mismatch_errors():
         "num_replicas": 2,
         "shuffle": True,
         "drop_last": False,
+        "block": 1,
+        "even": True,
     }
     restored = ResumableSampler(40, seed=9, num_replicas=2, rank=1)
     restored.load_state_dict(state)
     assert list(restored) == list(sampler) and restored.epoch == 3 and restored.start == 7
+    # a state written before block/even existed is read as the default dealing it was saved with
+    older = ResumableSampler(40, seed=9, num_replicas=2, rank=1)
+    older.load_state_dict({k: v for k, v in state.items() if k not in ("block", "even")})
+    assert list(older) == list(sampler)
+    with pytest.raises(ValueError, match="block differs"):
+        ResumableSampler(40, seed=9, num_replicas=2, rank=1, block=4).load_state_dict(state)
 
     for field, value in (("num_samples", 41), ("num_replicas", 1), ("shuffle", False)):
         kwargs = {"num_samples": 40, "num_replicas": 2, "shuffle": True, "rank": 0, field: value}

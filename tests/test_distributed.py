@@ -116,7 +116,9 @@ def _env() -> dict:
     env = {
         k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")
     }
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=HERE, PYTHONUNBUFFERED="1")
+    # this checkout's package first: an installed (editable) trainwright may be another checkout's
+    src = os.path.join(os.path.dirname(HERE), "src")
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([HERE, src]), PYTHONUNBUFFERED="1")
     return env
 
 

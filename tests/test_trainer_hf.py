@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -44,7 +45,9 @@ def test_save_model_loads_with_from_pretrained(make_args, tmp_path):
     trainer.save_model(out)
     assert os.path.isfile(os.path.join(out, "model.safetensors"))
     assert os.path.isfile(os.path.join(out, "training_args.json"))
-    assert not os.path.exists(os.path.join(out, "training_args.bin"))  # nothing pickled
+    # upstream's file too, a plain dict that loads weights-only (nothing pickled)
+    with open(os.path.join(out, "training_args.json")) as f:
+        assert torch.load(os.path.join(out, "training_args.bin"), weights_only=True) == json.load(f)
     loaded = transformers.GPT2LMHeadModel.from_pretrained(out)
     for k, v in model.state_dict().items():
         assert torch.equal(v.cpu(), loaded.state_dict()[k]), k

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -76,8 +77,12 @@ def test_label_smoothing_is_off_for_multi_label_classification(make_args):
         problem_type="multi_label_classification",
     )
     model = transformers.BertForSequenceClassification(config)
-    with pytest.warns(UserWarning, match="multi-label"):
-        trainer = Trainer(model=model, args=make_args(label_smoothing_factor=0.1))
+    args = make_args(label_smoothing_factor=0.1)
+    with warnings.catch_warnings(record=True) as caught:  # upstream: test_trainer_data.py
+        warnings.simplefilter("always")  # `test_label_smoothing_multi_label_incompatibility`: one warning
+        trainer = Trainer(model=model, args=args)
+    assert len(caught) == 1 and caught[0].category is UserWarning
+    assert "Label smoothing is not compatible with multi-label classification" in str(caught[0].message)
     assert trainer.label_smoother is None
     single = transformers.BertForSequenceClassification(
         transformers.BertConfig(**{**config.to_dict(), "problem_type": "single_label_classification"})

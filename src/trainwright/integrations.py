@@ -16,6 +16,7 @@ import importlib.util
 import os
 from collections.abc import Iterator, Mapping
 
+from trainwright.callbacks.jit_checkpoint import JITCheckpointCallback
 from trainwright.reporters import INTEGRATION_TO_CALLBACK as _REGISTRY
 from trainwright.reporters import (
     Reporter,
@@ -50,6 +51,7 @@ __all__ = [
     "DVCLiveCallback",
     "DagsHubCallback",
     "FlyteCallback",
+    "JITCheckpointCallback",
     "JsonlCallback",
     "KubeflowCallback",
     "MLflowCallback",

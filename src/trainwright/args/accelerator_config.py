@@ -7,9 +7,13 @@ Trainer itself or refused when the arguments are built (`check`), with the reaso
 - `gradient_accumulation_kwargs`: `num_steps` becomes `gradient_accumulation_steps` (an error when
   both are set and differ, as upstream); `sync_each_batch=True` all-reduces gradients on every
   micro-batch instead of only the last of each step.
-- refused: `split_batches=True`, `dispatch_batches=True`, `even_batches=False`,
-  `use_seedable_sampler=False`, `use_configured_state=True`, `gradient_accumulation_kwargs`
-  `adjust_scheduler=False` / `sync_with_dataloader=False` (see `_REFUSED` for why).
+- `split_batches`, `dispatch_batches`, `even_batches`, `use_seedable_sampler`: which process loads
+  which batch, as accelerate defines them (`trainwright.data.distribute`).
+- refused: `use_configured_state=True`, `gradient_accumulation_kwargs` `adjust_scheduler=False` /
+  `sync_with_dataloader=False` (see `_REFUSED` and `check` for why).
+
+Given as a dict (or JSON), "true"/"false" strings of the True/False settings are read as booleans,
+as transformers reads them from a command line's JSON.
 """
 
 from __future__ import annotations
@@ -26,35 +30,22 @@ _GRAD_ACC_KEYS = ("num_steps", "adjust_scheduler", "sync_with_dataloader", "sync
 # (key, refused value, why)
 _REFUSED = (
     (
-        "split_batches",
-        True,
-        "trainwright's global batch is per_device_train_batch_size x processes; for a global batch of B "
-        "over N processes set per_device_train_batch_size=B/N",
-    ),
-    (
-        "dispatch_batches",
-        True,
-        "each process reads its own shard of a map-style dataset through its sampler; batches are never "
-        "loaded on process 0 and sent to the others",
-    ),
-    (
-        "even_batches",
-        False,
-        "processes always get the same number of batches (the sampler repeats samples to even them out; "
-        "the repeats are dropped from evaluation results): uneven training batches would leave DDP "
-        "waiting in a collective",
-    ),
-    (
-        "use_seedable_sampler",
-        False,
-        "trainwright's samplers are always seeded by (seed, epoch) so that resume is exact",
-    ),
-    (
         "use_configured_state",
         True,
         "trainwright does not use an accelerate AcceleratorState",
     ),
 )
+_BOOL_KEYS = ("split_batches", "even_batches", "use_seedable_sampler", "non_blocking", "use_configured_state")
+
+
+def _booleans(values: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """`values` with "true"/"false" strings (any case) of `keys` read as booleans."""
+    out = dict(values)
+    for key in keys:
+        value = out.get(key)
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            out[key] = value.strip().lower() == "true"
+    return out
 
 
 @dataclass(eq=False)
@@ -94,6 +85,14 @@ class AcceleratorConfig(Mapping):
         unknown = sorted(set(values) - set(_NAMES))
         if unknown:
             raise ValueError(f"{owner}: accelerator_config has unknown keys {unknown}; known: {list(_NAMES)}")
+        values = _booleans(values, (*_BOOL_KEYS, "dispatch_batches"))
+        kwargs = values.get("gradient_accumulation_kwargs")
+        if isinstance(kwargs, Mapping):
+            kwargs = _booleans(kwargs, ("adjust_scheduler", "sync_with_dataloader", "sync_each_batch"))
+            steps = kwargs.get("num_steps")
+            if isinstance(steps, str) and steps.strip().isdigit():
+                kwargs["num_steps"] = int(steps)
+            values = {**values, "gradient_accumulation_kwargs": kwargs}
         config = cls(**values)
         config.check(owner)
         return config
@@ -102,13 +101,7 @@ class AcceleratorConfig(Mapping):
         def bad(key: str, why: str) -> ValueError:
             return ValueError(f"{owner}: accelerator_config[{key!r}]={self[key]!r} is invalid: {why}")
 
-        for key in (
-            "split_batches",
-            "even_batches",
-            "use_seedable_sampler",
-            "non_blocking",
-            "use_configured_state",
-        ):
+        for key in _BOOL_KEYS:
             if not isinstance(self[key], bool):
                 raise bad(key, "expected True or False")
         if self.dispatch_batches is not None and not isinstance(self.dispatch_batches, bool):

@@ -40,8 +40,9 @@ V4_V5_CHOICES: dict[str, str] = {
     "other value is refused, like project and the other trackio_* fields: trainwright has no trackio reporter.",
     "accelerator_config": "An AcceleratorConfig (accelerator_config.py), read by attribute or as a dict; a dict, "
     "JSON string, JSON file path or transformers' AcceleratorConfig is read; unknown keys are an error. "
-    "non_blocking and gradient_accumulation_kwargs (num_steps, sync_each_batch) are honoured; split_batches, "
-    "dispatch_batches=True, even_batches=False, use_seedable_sampler=False, use_configured_state are refused.",
+    "non_blocking, gradient_accumulation_kwargs (num_steps, sync_each_batch), split_batches, dispatch_batches, "
+    "even_batches and use_seedable_sampler are honoured (the data settings as accelerate defines them, see "
+    '"accelerator_config data settings"); "true"/"false" strings are booleans; use_configured_state is refused.',
     "fsdp": 'Normalised to a list of FSDPOption words (v4 style); True means ["full_shard"]. FSDP runs on '
     'PyTorch\'s FSDP2 (fully_shard); fsdp_config keys lose a leading "fsdp_".',
     "debug": "Normalised to a list of DebugOption (a space-separated string is split), as in both versions.",
@@ -85,7 +86,6 @@ V4_V5_CHOICES: dict[str, str] = {
     "ray_scope": "Kept (v4, removed in v5) for hyperparameter-search backends.",
     "parallelism_config": "Accepted as a name (v5); a value is an error: accelerate's ParallelismConfig is "
     "not supported.",
-    "lr_scheduler_type": 'v5\'s "greedy" schedule is not provided.',
     "save_total_limit": "Must be >= 1 when given (None keeps every checkpoint); upstream silently treats 0 as None.",
 }
 

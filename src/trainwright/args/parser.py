@@ -87,7 +87,7 @@ class _Conversion:
             return value
         if self.is_list and isinstance(value, (list, tuple)):
             return [self.convert(v) if isinstance(v, str) else v for v in value]
-        if isinstance(value, str):
+        if isinstance(value, str) and not isinstance(value, enum.Enum):  # a member given is kept
             return self.convert(value)
         return value
 
@@ -111,7 +111,10 @@ def _choice_text(choice: Any) -> str:
     return str(choice.value) if isinstance(choice, enum.Enum) else str(choice)
 
 
-def _choice_converter(choices: list[Any]) -> Callable[[Any], Any]:
+def _choice_converter(choices: list[Any], enum_values: bool = False) -> Callable[[Any], Any]:
+    """Text to one of `choices` (an Enum member by its value or name). With `enum_values`, a member
+    is given as its value, as upstream gives a scalar Enum field ("green", not Color.GREEN; the
+    dataclass's `__post_init__` makes the member if it wants one)."""
     lookup: dict[str, Any] = {c.name: c for c in choices if isinstance(c, enum.Enum)}
     lookup.update({_choice_text(c): c for c in choices})  # value spellings win over member names
     allowed = ", ".join(_choice_text(c) for c in choices)
@@ -119,11 +122,13 @@ def _choice_converter(choices: list[Any]) -> Callable[[Any], Any]:
     def choice(text: Any) -> Any:
         # argparse also passes str-mixin enum defaults through here, so members map to themselves.
         if isinstance(text, enum.Enum) and text in choices:
-            return text
-        try:
-            return lookup[str(text)]
-        except KeyError:
-            raise argparse.ArgumentTypeError(f"invalid choice {text!r} (choose from {allowed})") from None
+            found = text
+        else:
+            try:
+                found = lookup[str(text)]
+            except KeyError:
+                raise argparse.ArgumentTypeError(f"invalid choice {text!r} (choose from {allowed})") from None
+        return found.value if enum_values and isinstance(found, enum.Enum) else found
 
     return choice
 
@@ -168,15 +173,23 @@ def _keep_string_default(convert: Callable[[str], Any], default: str) -> Callabl
     return convert_unless_default
 
 
-def _converter(where: str, tp: Any, accepts_str: bool) -> tuple[Callable[[str], Any], list[Any] | None]:
-    """Return (string converter, choices or None) for a non-list, non-union type."""
+def _converter(
+    where: str, tp: Any, accepts_str: bool, element: bool = False
+) -> tuple[Callable[[str], Any], list[Any] | None]:
+    """Return (string converter, choices or None) for a non-list, non-union type (`element`: of a list).
+
+    An Enum gives its value for a field and its member for a list's element, as upstream (which
+    converts a list's elements with the Enum class itself).
+    """
     origin = typing.get_origin(tp)
     if origin is Literal:
         choices = list(typing.get_args(tp))
         return _choice_converter(choices), choices
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        choices = list(tp)
-        return _choice_converter(choices), choices
+        members = list(tp)
+        return _choice_converter(members, enum_values=not element), (
+            members if element else [m.value for m in members]
+        )
     if tp is dict or origin is dict or origin is Mapping:
         return _json_object_converter(keep_plain_strings=accepts_str), None
     if tp is Any or tp is str:
@@ -304,7 +317,7 @@ class HfArgumentParser(argparse.ArgumentParser):
         is_list = tp is list or typing.get_origin(tp) is list
         if is_list:
             element = (typing.get_args(tp) or (str,))[0]
-            convert, choices = _converter(where, element, accepts_str=False)
+            convert, choices = _converter(where, element, accepts_str=False, element=True)
         else:
             convert, choices = _converter(where, tp, accepts_str)
 

@@ -439,7 +439,9 @@ class TrainingArguments:
 class Seq2SeqTrainingArguments(TrainingArguments):
     """`TrainingArguments` plus the generation settings of `Seq2SeqTrainer`."""
 
-    sortish_sampler: bool = _arg(False, "Refused: upstream ignores it; use train_sampling_strategy.")
+    sortish_sampler: bool = _arg(
+        False, 'v4: batches of similar lengths with randomness (train_sampling_strategy="group_by_length").'
+    )
     predict_with_generate: bool = _arg(
         False, "Use generate() in evaluate/predict to compute generative metrics."
     )

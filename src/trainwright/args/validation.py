@@ -72,18 +72,36 @@ def validate(args: Any) -> None:
 def validate_seq2seq(args: Any) -> None:
     """What `Seq2SeqTrainingArguments` adds, after `validate`."""
     if args.sortish_sampler:
-        raise invalid(
-            args,
-            "sortish_sampler",
-            "upstream's Seq2SeqTrainer does not read it either (it belonged to the old Seq2SeqDataset "
-            'examples); for batches of similar lengths use train_sampling_strategy="group_by_length"',
-        )
+        _sortish_is_group_by_length(args)
     check_int(args, "generation_max_length", 1, optional=True)
     check_int(args, "generation_num_beams", 1, optional=True)
     if isinstance(args.generation_config, os.PathLike):
         args.generation_config = os.fspath(args.generation_config)
     if isinstance(args.generation_config, str) and args.generation_config.strip().startswith("{"):
         args.generation_config = dict_from_string(args, "generation_config", args.generation_config)
+
+
+_SAID: set[str] = set()
+
+
+def _sortish_is_group_by_length(args: Any) -> None:
+    """v4 scripts pass sortish_sampler=True (upstream now ignores it): give it its meaning, batches of
+    similar lengths with randomness, which is the group_by_length sampler."""
+    if args.train_sampling_strategy == "sequential":
+        raise invalid(
+            args,
+            "sortish_sampler",
+            "it shuffles batches of similar lengths, and train_sampling_strategy='sequential' keeps the "
+            "dataset's order: give only one",
+        )
+    args.train_sampling_strategy, args.group_by_length = "group_by_length", True
+    if "sortish_sampler" not in _SAID:
+        _SAID.add("sortish_sampler")
+        logger.warning(
+            "sortish_sampler=True: training batches are drawn by length, similar lengths together with "
+            "randomness (the sampler of train_sampling_strategy='group_by_length', lengths from "
+            "length_column_name or input_ids). transformers 5 ignores sortish_sampler."
+        )
 
 
 # -- paths and dict-valued fields --------------------------------------------------------------
@@ -139,6 +157,24 @@ def _parse_dict_fields(args: Any) -> None:
                 f"accelerator_config's gradient_accumulation_kwargs num_steps={steps} also sets it; give one",
             )
         args.gradient_accumulation_steps = steps
+    _check_data_settings(args, accelerator_config)
+
+
+def _check_data_settings(args: Any, config: AcceleratorConfig) -> None:
+    """accelerator_config's data settings that another argument would contradict."""
+    if not config.use_seedable_sampler and args.data_seed is not None:
+        raise invalid(
+            args,
+            "data_seed",
+            "accelerator_config use_seedable_sampler=False draws the shuffling seed from torch's global RNG, "
+            "so data_seed would not be used; leave one of them unset",
+        )
+    if not config.even_batches and (args.fsdp or args.deepspeed):
+        raise ValueError(
+            f"{type(args).__name__}: accelerator_config['even_batches']=False is not supported with fsdp or "
+            "deepspeed: a sharded model's forward is collective, so every process must run the same number "
+            "of batches, which only even_batches=True guarantees"
+        )
 
 
 # -- choice-valued fields --------------------------------------------------------------------
@@ -149,12 +185,6 @@ def _resolve_choices(args: Any) -> None:
     args.logging_strategy = choice(args, "logging_strategy", IntervalStrategy)
     args.save_strategy = choice(args, "save_strategy", SaveStrategy)
     args.hub_strategy = choice(args, "hub_strategy", HubStrategy)
-    if args.lr_scheduler_type == "greedy":
-        raise invalid(
-            args,
-            "lr_scheduler_type",
-            f"the greedy schedule is not provided; choose one of {SchedulerType.values()}",
-        )
     args.lr_scheduler_type = choice(args, "lr_scheduler_type", SchedulerType)
     if isinstance(args.optim, Enum):  # ours or transformers' OptimizerNames: str() is not the value
         args.optim = args.optim.value
@@ -303,16 +333,26 @@ def _check_interval(args: Any, name: str, used: bool, strategy: str) -> None:
 
 
 def _resolve_best_model(args: Any) -> None:
-    plateau = args.lr_scheduler_type == SchedulerType.REDUCE_ON_PLATEAU
+    plateau = args.lr_scheduler_type in (SchedulerType.REDUCE_ON_PLATEAU, SchedulerType.GREEDY)
     if (args.load_best_model_at_end or plateau) and args.metric_for_best_model is None:
         args.metric_for_best_model = "loss"
     if args.greater_is_better is None and args.metric_for_best_model is not None:
         args.greater_is_better = not args.metric_for_best_model.endswith("loss")
     if args.save_strategy == SaveStrategy.BEST and args.metric_for_best_model is None:
-        raise invalid(args, "save_strategy", "'best' needs metric_for_best_model (the metric to compare)")
+        raise invalid(  # upstream's sentence, which scripts and tests look for
+            args,
+            "save_strategy",
+            "`args.metric_for_best_model` must be provided when using 'best' save_strategy or if "
+            "`args.load_best_model_at_end` is set to `True` (the metric to compare).",
+            args.save_strategy.value,
+        )
     if plateau and args.eval_strategy == IntervalStrategy.NO:
-        raise invalid(
-            args, "lr_scheduler_type", "reduce_lr_on_plateau needs an eval_strategy other than 'no'"
+        raise invalid(  # upstream's sentence: "lr_scheduler_type greedy requires an eval strategy"
+            args,
+            "lr_scheduler_type",
+            f"lr_scheduler_type {args.lr_scheduler_type.value} requires an eval strategy (eval_strategy "
+            "other than 'no'): it is stepped with the evaluation metric",
+            args.lr_scheduler_type.value,
         )
     if args.load_best_model_at_end and args.save_strategy != SaveStrategy.BEST:
         _check_best_model_schedule(args)

@@ -3,6 +3,7 @@
 from trainwright.callbacks.divergence import DivergenceCallback
 from trainwright.callbacks.early_stopping import EarlyStoppingCallback
 from trainwright.callbacks.flow import DefaultFlowCallback
+from trainwright.callbacks.jit_checkpoint import JITCheckpointCallback
 from trainwright.callbacks.progress import PrinterCallback, ProgressCallback
 from trainwright.callbacks.speed_monitor import SpeedMonitor
 
@@ -13,6 +14,7 @@ __all__ = [
     "DefaultFlowCallback",
     "DivergenceCallback",
     "EarlyStoppingCallback",
+    "JITCheckpointCallback",
     "PrinterCallback",
     "ProgressCallback",
     "SpeedMonitor",

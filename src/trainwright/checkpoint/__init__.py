@@ -14,6 +14,7 @@ from trainwright.checkpoint.files import (
     SCALER_NAME,
     SCHEDULER_NAME,
     TRAINER_STATE_NAME,
+    TRAINING_ARGS_BIN_NAME,
     TRAINING_ARGS_NAME,
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
@@ -23,6 +24,7 @@ from trainwright.checkpoint.files import (
     safe_torch_load,
     save_torch_state,
     write_json,
+    write_training_args,
 )
 from trainwright.checkpoint.folder import (
     clean_checkpoint_leftovers,
@@ -54,6 +56,7 @@ __all__ = [
     "SCALER_NAME",
     "SCHEDULER_NAME",
     "TRAINER_STATE_NAME",
+    "TRAINING_ARGS_BIN_NAME",
     "TRAINING_ARGS_NAME",
     "WEIGHTS_INDEX_NAME",
     "WEIGHTS_NAME",
@@ -80,4 +83,5 @@ __all__ = [
     "verify_checkpoint",
     "write_checkpoint",
     "write_json",
+    "write_training_args",
 ]

@@ -5,13 +5,14 @@ Public API (re-exported by `trainwright.checkpoint`):
 
 * File names: `WEIGHTS_NAME`, `WEIGHTS_INDEX_NAME`, `PT_WEIGHTS_NAME`, `PT_WEIGHTS_INDEX_NAME`,
   `OPTIMIZER_NAME`, `SCHEDULER_NAME`, `SCALER_NAME`, `TRAINER_STATE_NAME`, `TRAINING_ARGS_NAME`,
-  `DATA_STATE_NAME`, `RNG_STATE_NAME`, `CHECKPOINT_COMPLETE_NAME`.
+  `TRAINING_ARGS_BIN_NAME`, `DATA_STATE_NAME`, `RNG_STATE_NAME`, `CHECKPOINT_COMPLETE_NAME`.
 * Errors: `CheckpointError` (a `RuntimeError`); `CheckpointFileNotFoundError` is also a
   `FileNotFoundError`. Messages name the file and the folder.
 * `safe_torch_load(path, map_location="cpu")`: `torch.load(weights_only=True)` with clear errors.
 * `save_torch_state(state, path)`: `torch.save` of a state dict after checking that
   `weights_only=True` will be able to read it back.
 * `write_json(path, obj)` (atomic, fsynced) / `read_json(path)`.
+* `write_training_args(folder, arguments)`: `training_args.json` and `training_args.bin`.
 * `fsync_file(path)`, `fsync_dir(path)`.
 
 Every writer here makes its file durable (fsync) before returning, except inside `deferred_fsync()`,
@@ -48,6 +49,7 @@ SCHEDULER_NAME = "scheduler.pt"
 SCALER_NAME = "scaler.pt"
 TRAINER_STATE_NAME = "trainer_state.json"
 TRAINING_ARGS_NAME = "training_args.json"
+TRAINING_ARGS_BIN_NAME = "training_args.bin"  # upstream's name; written for the tools that look for it
 DATA_STATE_NAME = "data_state.json"
 RNG_STATE_NAME = "rng_state.pth"
 CHECKPOINT_COMPLETE_NAME = "checkpoint_complete.json"
@@ -265,6 +267,18 @@ def save_torch_state(state: Any, path: str | os.PathLike) -> None:
     with writing_file(path):
         torch.save(state, path)
     make_durable(path)
+
+
+def write_training_args(folder: str | os.PathLike, arguments: dict[str, Any]) -> None:
+    """`training_args.json`, and `training_args.bin` for the tools and tests that look for
+    upstream's file: the same plain dict (the JSON's content, so tuples are lists) through
+    `torch.save`, which `torch.load(weights_only=True)` reads. Upstream pickles the
+    `TrainingArguments` object there; trainwright never reads the .bin back (the JSON is its record).
+    """
+    folder = os.fspath(folder)
+    write_json(os.path.join(folder, TRAINING_ARGS_NAME), arguments)
+    plain = json.loads(json.dumps(arguments, sort_keys=True))
+    save_torch_state(plain, os.path.join(folder, TRAINING_ARGS_BIN_NAME))
 
 
 def _unpickle_reason(exc: BaseException) -> str:

@@ -66,6 +66,7 @@ class SchedulerType(ChoiceEnum):
     COSINE_WITH_MIN_LR = "cosine_with_min_lr"
     COSINE_WARMUP_WITH_MIN_LR = "cosine_warmup_with_min_lr"
     WARMUP_STABLE_DECAY = "warmup_stable_decay"
+    GREEDY = "greedy"
 
 
 class OptimizerNames(ChoiceEnum):

@@ -14,6 +14,7 @@ Two rules shape it:
 
 from trainwright.data.collators import PaddingCollator, default_data_collator, pad_sequence_collator
 from trainwright.data.columns import RemoveColumnsCollator, forward_arg_names, remove_unused_columns
+from trainwright.data.distribute import DataDealing, DispatchingLoader, IterableShard
 from trainwright.data.items import num_examples, sampler_geometry
 from trainwright.data.kinds import IGNORE_INDEX, has_length, is_iterable_dataset
 from trainwright.data.loaders import (
@@ -30,6 +31,9 @@ from trainwright.modeling.loss import count_items, is_causal_lm
 
 __all__ = [
     "IGNORE_INDEX",
+    "DataDealing",
+    "DispatchingLoader",
+    "IterableShard",
     "EpochSeededDataLoader",
     "LengthGroupedSampler",
     "PaddingCollator",

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
+from trainwright.data.distribute import DataDealing
 from trainwright.data.kinds import has_length, is_hf_map_dataset, is_iterable_dataset
 
 logger = logging.getLogger(__name__)
@@ -29,12 +30,20 @@ class ResumableSampler(Sampler[int]):
     are the last sample of the last ``num_padding`` ranks; :func:`trainwright.loop.evaluation.interleave_shards` turns
     gathered per-rank results back into dataset order so they can be trimmed.
 
+    ``block`` (accelerate's ``split_batches``): the order is dealt in blocks of ``block`` positions
+    instead of one, rank ``r`` taking blocks ``r, r + num_replicas, ...``, so that each global batch
+    of ``block * num_replicas`` positions is split into one slice per rank; padding and cutting then
+    work in whole global batches. ``even=False`` (accelerate's ``even_batches=False``): nothing is
+    repeated, so ranks may hold different numbers of samples.
+
     ``set_start(k)``: the next iteration begins at this rank's ``k``-th sample of the epoch (no
     sample before it is produced). ``set_epoch(e)`` with a new epoch resets the start to 0, so a
     loop calls ``set_epoch`` then, when resuming, ``set_start``.
     """
 
-    _identity_fields: tuple[str, ...] = ("num_samples", "num_replicas", "shuffle")
+    _identity_fields: tuple[str, ...] = ("num_samples", "num_replicas", "shuffle", "block", "even")
+    # written by later versions only: a state saved without them was saved with these values
+    _OPTIONAL_STATE = {"block": 1, "even": True}
 
     def __init__(
         self,
@@ -45,7 +54,12 @@ class ResumableSampler(Sampler[int]):
         num_replicas: int = 1,
         rank: int = 0,
         drop_last: bool = False,
+        block: int = 1,
+        even: bool = True,
+        drawn_seed: bool = False,
     ) -> None:
+        if not isinstance(block, int) or block < 1:
+            raise ValueError(f"ResumableSampler: block must be an int >= 1, got {block!r}.")
         if not isinstance(num_samples, int) or num_samples < 0:
             raise ValueError(f"ResumableSampler: num_samples must be an int >= 0, got {num_samples!r}.")
         if not isinstance(num_replicas, int) or num_replicas < 1:
@@ -58,6 +72,8 @@ class ResumableSampler(Sampler[int]):
         self.num_replicas = num_replicas
         self.rank = rank
         self.drop_last = bool(drop_last)
+        self.block, self.even = block, bool(even)
+        self.drawn_seed = drawn_seed  # drawn from torch's global RNG: a checkpoint's seed replaces it quietly
         self.epoch = 0
         self.start = 0
 
@@ -65,13 +81,21 @@ class ResumableSampler(Sampler[int]):
     @property
     def _total(self) -> int:
         """Length of the epoch's order after padding / cutting, over all ranks."""
-        n, r = self.num_samples, self.num_replicas
-        return (n // r) * r if self.drop_last else math.ceil(n / r) * r
+        n, group = self.num_samples, self.num_replicas * self.block
+        if self.drop_last:
+            return (n // group) * group
+        return math.ceil(n / group) * group if self.even else n
 
     @property
     def num_padding(self) -> int:
         """Duplicated samples this epoch adds over all ranks (0 with drop_last)."""
         return max(self._total - self.num_samples, 0)
+
+    def _rank_count(self, total: int, rank: int) -> int:
+        """How many of the first `total` positions of the epoch's order go to `rank`."""
+        group = self.num_replicas * self.block
+        rounds, rest = divmod(total, group)
+        return rounds * self.block + min(max(rest - rank * self.block, 0), self.block)
 
     def __len__(self) -> int:
         """This rank's samples in a whole epoch, whatever the start.
@@ -79,7 +103,16 @@ class ResumableSampler(Sampler[int]):
         The trainer derives steps per epoch (and so the schedule and the epoch of a resumed
         step) from this; a length that shrank after ``set_start`` would change them on resume.
         """
-        return self._total // self.num_replicas
+        return self._rank_count(self._total, self.rank)
+
+    def rank_lengths(self) -> list[int]:
+        """Every rank's samples per epoch (they differ only with ``even=False``)."""
+        return [self._rank_count(self._total, r) for r in range(self.num_replicas)]
+
+    @property
+    def num_real(self) -> int:
+        """This rank's samples that are not padding repeats."""
+        return self._rank_count(min(self._total, self.num_samples), self.rank)
 
     # -- order ------------------------------------------------------------------------------
     def _generator(self) -> torch.Generator:
@@ -100,7 +133,10 @@ class ResumableSampler(Sampler[int]):
         else:  # pad by cycling the order from its start (pad may exceed len(order) when tiny)
             repeats = math.ceil(total / len(order))
             order = order.repeat(repeats)[:total]
-        return order[self.rank : total : self.num_replicas]
+        if self.block == 1:
+            return order[self.rank : total : self.num_replicas]
+        mine = (torch.arange(total) // self.block) % self.num_replicas == self.rank
+        return order[mine]
 
     def rank_order(self) -> list[int]:
         """This rank's whole-epoch order (ignoring the start)."""
@@ -136,6 +172,8 @@ class ResumableSampler(Sampler[int]):
             "num_replicas": self.num_replicas,
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
+            "block": self.block,
+            "even": self.even,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -144,6 +182,7 @@ class ResumableSampler(Sampler[int]):
         The saved seed wins (with a warning when it differs) so that the interrupted epoch is
         replayed exactly.
         """
+        state = {**self._OPTIONAL_STATE, **state}
         expected = set(self.state_dict())
         missing = sorted(expected - set(state))
         if missing:
@@ -154,7 +193,7 @@ class ResumableSampler(Sampler[int]):
                     f"{type(self).__name__}.load_state_dict: {name} differs (saved {state[name]!r}, "
                     f"now {getattr(self, name)!r}); the saved position would mean other samples."
                 )
-        if int(state["seed"]) != self.seed:
+        if int(state["seed"]) != self.seed and not self.drawn_seed:
             warnings.warn(
                 f"{type(self).__name__}: the checkpoint's data seed {state['seed']} replaces {self.seed} "
                 "so that the interrupted epoch continues in its own order.",
@@ -224,6 +263,7 @@ class LengthGroupedSampler(ResumableSampler):
         rank: int = 0,
         drop_last: bool = False,
         mega_batch_mult: int | None = None,
+        **sharding: Any,
     ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"LengthGroupedSampler: batch_size must be an int >= 1, got {batch_size!r}.")
@@ -236,7 +276,13 @@ class LengthGroupedSampler(ResumableSampler):
                 f"LengthGroupedSampler: lengths has {len(lengths)} entries but the dataset {len(dataset)} items."
             )
         super().__init__(
-            len(lengths), shuffle=True, seed=seed, num_replicas=num_replicas, rank=rank, drop_last=drop_last
+            len(lengths),
+            shuffle=True,
+            seed=seed,
+            num_replicas=num_replicas,
+            rank=rank,
+            drop_last=drop_last,
+            **sharding,  # block, even, drawn_seed
         )
         self.lengths = torch.as_tensor(list(lengths), dtype=torch.long)
         self.batch_size = batch_size
@@ -276,14 +322,21 @@ def build_sampler(
     "group_by_length"; ``args.group_by_length`` is the v4 spelling) with seed ``args.data_seed``
     or ``args.seed``. Evaluation is in order, sharded over ranks without dropping anything: the
     padded duplicates are counted in ``num_padding`` so gathered predictions can be trimmed.
+    ``args.accelerator_config``'s data settings choose the sharding and the seed (`distribute.py`).
     """
     if is_iterable_dataset(dataset):
         return None
     n = len(dataset)
-    shard = {"num_replicas": runtime.world_size, "rank": runtime.rank}
+    dealing = DataDealing.of(dataset, args, runtime)
+    field = "per_device_train_batch_size" if train else "per_device_eval_batch_size"
+    per_device = batch_size if batch_size else int(getattr(args, field, 1))
+    shard = dealing.sharding(per_device)
     if not train:
         return ResumableSampler(n, shuffle=False, drop_last=False, **shard)
     seed = args.data_seed if args.data_seed is not None else args.seed
+    drawn = not dealing.seedable
+    if drawn:  # use_seedable_sampler=False: the order comes from torch's global RNG
+        seed = dealing.draw_seed(runtime)
     strategy = getattr(args, "train_sampling_strategy", "random") or "random"
     if getattr(args, "group_by_length", False):
         strategy = "group_by_length"
@@ -292,11 +345,14 @@ def build_sampler(
     drop_last = bool(args.dataloader_drop_last)
     if strategy == "group_by_length":
         return LengthGroupedSampler(
-            batch_size or args.per_device_train_batch_size,
+            dealing.process_batch(per_device) if not dealing.dispatch else dealing.loader_batch(per_device),
             dataset=dataset,
             length_column_name=args.length_column_name,
             seed=seed,
             drop_last=drop_last,
+            drawn_seed=drawn,
             **shard,
         )
-    return ResumableSampler(n, shuffle=strategy == "random", seed=seed, drop_last=drop_last, **shard)
+    return ResumableSampler(
+        n, shuffle=strategy == "random", seed=seed, drop_last=drop_last, drawn_seed=drawn, **shard
+    )

@@ -170,7 +170,7 @@ def write_model(
     saved_args = trainer.args.to_dict()
     # how a checkpoint is written, not what it holds: the same bytes either way
     saved_args.pop("async_save", None)
-    ckpt.write_json(os.path.join(directory, ckpt.TRAINING_ARGS_NAME), saved_args)
+    ckpt.write_training_args(directory, saved_args)  # .json, and upstream's .bin (a plain dict)
     processing = trainer.processing_class
     if processing is None:
         processing = getattr(trainer.data_collator, "tokenizer", None)

@@ -24,6 +24,7 @@ class DataTrainer(Protocol):
     """What building the data loaders reads of the Trainer."""
 
     args: TrainingArguments
+    runtime: Any
     train_dataset: Any
     eval_dataset: Any
     data_collator: Callable
@@ -53,15 +54,44 @@ def train_dataloader(trainer: DataTrainer) -> torch.utils.data.DataLoader:
         raise ValueError("Trainer: training requires a train_dataset.")
     args = trainer.args
     dataset = trainer._remove_unused_columns(trainer.train_dataset, description="training")
-    return data_utils.make_dataloader(
+    sampler = trainer._get_train_sampler(dataset)
+    return _loader(
+        trainer,
         dataset,
-        batch_size=args.per_device_train_batch_size,
-        sampler=trainer._get_train_sampler(dataset),
-        collate_fn=collator_for(trainer, dataset, "training"),
-        args=args,
+        args.per_device_train_batch_size,
+        sampler,
+        "training",
         drop_last=args.dataloader_drop_last,
         seed=args.data_seed if args.data_seed is not None else args.seed,
+        train=True,
     )
+
+
+def _loader(
+    trainer: DataTrainer,
+    dataset: Any,
+    batch_size: int,
+    sampler: Any,
+    description: str,
+    drop_last: bool,
+    seed: int,
+    train: bool = False,
+) -> Any:
+    """The DataLoader of `dataset` as `accelerator_config`'s data settings deal it to this process
+    (`data.distribute`): its own slice of each global batch, or process 0's batches dispatched."""
+    dealing = data_utils.DataDealing.of(dataset, trainer.args, trainer.runtime)
+    if train:
+        dealing.check_same_steps(sampler, batch_size)
+    loader = data_utils.make_dataloader(
+        dealing.dataset(dataset, dealing.loader_batch(batch_size), drop_last, train),
+        batch_size=dealing.loader_batch(batch_size),
+        sampler=sampler,
+        collate_fn=collator_for(trainer, dataset, description),
+        args=trainer.args,
+        drop_last=drop_last,
+        seed=seed,
+    )
+    return dealing.wrap(loader, trainer.runtime, drop_last)
 
 
 def eval_dataset_of(trainer: DataTrainer, eval_dataset: Any) -> Any:
@@ -85,15 +115,30 @@ def inference_dataloader(trainer: DataTrainer, dataset: Any, description: str) -
     """Evaluation or test dataloader: dataset order, dealt across processes, nothing dropped."""
     args = trainer.args
     dataset = trainer._remove_unused_columns(dataset, description=description)
-    return data_utils.make_dataloader(
-        dataset,
-        batch_size=args.per_device_eval_batch_size,
-        sampler=trainer._get_eval_sampler(dataset),
-        collate_fn=collator_for(trainer, dataset, description),
-        args=args,
-        drop_last=False,
-        seed=args.seed,
-    )
+    sampler = trainer._get_eval_sampler(dataset)
+    return _loader(trainer, dataset, args.per_device_eval_batch_size, sampler, description, False, args.seed)
+
+
+def eval_dataloader(trainer: DataTrainer, eval_dataset: Any) -> torch.utils.data.DataLoader:
+    """`get_eval_dataloader`: with `dataloader_persistent_workers`, one loader per evaluation
+    dataset, kept for later evaluations so its workers start once (upstream's `_eval_dataloaders`,
+    keyed by the dataset's name, "eval" for the trainer's single one or a dataset passed in).
+
+    Upstream returns the kept loader whatever dataset is then passed under that key; here a loader
+    is reused only for the same dataset object it was built from, else built anew and kept.
+    """
+    key = eval_dataset if isinstance(eval_dataset, str) else "eval"
+    dataset = eval_dataset_of(trainer, eval_dataset)
+    persistent = trainer.args.dataloader_persistent_workers
+    loaders: dict[str, Any] | None = getattr(trainer, "_eval_dataloaders", None)
+    sources: dict[str, Any] = trainer.__dict__.setdefault("_eval_dataloader_datasets", {})
+    if persistent and loaders is not None and key in loaders and sources.get(key) is dataset:
+        return loaders[key]
+    loader = inference_dataloader(trainer, dataset, "evaluation")
+    if persistent:
+        trainer.__dict__.setdefault("_eval_dataloaders", {})[key] = loader
+        sources[key] = dataset
+    return loader
 
 
 def num_examples(dataloader: Any, fallback_batch_size: int) -> int:

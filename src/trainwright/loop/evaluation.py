@@ -3,8 +3,10 @@
 Each process keeps its own predictions, labels and per-sample losses as CPU chunks (moved off the
 accelerator every `offload_every` batches and concatenated once at the end). With several
 processes the per-process results are exchanged once at the end and interleaved back into the
-dataset's order (the evaluation sampler deals sample i to process i % world_size); the samples the
-sampler repeated to even out the last batch are then dropped, so metrics equal one process's.
+dataset's order (the evaluation sampler deals sample i to process i % world_size; with
+`accelerator_config`'s split_batches or dispatch_batches, each process's batch is its slice of a
+global batch, put back batch by batch); the samples repeated to even out the last batch are then
+dropped, so metrics equal one process's.
 """
 
 from __future__ import annotations
@@ -33,9 +35,17 @@ class EvalGatherer:
     """Accumulates one evaluation's outputs; see the module docstring."""
 
     def __init__(
-        self, runtime: Runtime, offload_every: int = 1, keep_outputs: bool = True, do_concat: bool = True
+        self,
+        runtime: Runtime,
+        offload_every: int = 1,
+        keep_outputs: bool = True,
+        do_concat: bool = True,
+        by_batch: bool = False,
     ):
         self.runtime = runtime
+        # each process's batch k is the k-th slice of global batch k (split/dispatch_batches)
+        self.by_batch = by_batch
+        self._rows: list[int] = []
         self.offload_every = max(int(offload_every), 1)
         self.keep_outputs = keep_outputs
         self._acc = {
@@ -49,6 +59,7 @@ class EvalGatherer:
 
     def add(self, *, loss, batch_size: int, predictions=None, labels=None, inputs=None) -> None:
         self._samples += batch_size
+        self._rows.append(batch_size)
         if loss is not None:
             self._pending.append(("loss", loss.detach().float().reshape(1).repeat(batch_size)))
         if self.keep_outputs:
@@ -71,7 +82,16 @@ class EvalGatherer:
         local["losses"] = self._losses.get_arrays()
         if self.runtime.distributed:
             parts = self.runtime.all_gather_object(local)
-            merged = {key: interleave_shards([p[key] for p in parts]) for key in local}
+            if self.by_batch:
+                rows = self.runtime.all_gather_object(self._rows)
+                merged = {
+                    key: in_batch_order([p[key] for p in parts], rows)
+                    if key == "losses" or self._acc["preds"].do_concat
+                    else _chunks_in_batch_order([p[key] for p in parts])
+                    for key in local
+                }
+            else:
+                merged = {key: interleave_shards([p[key] for p in parts]) for key in local}
             observed = sum(self.runtime.all_gather_object(self._samples))
         else:
             merged, observed = local, self._samples
@@ -105,6 +125,36 @@ def interleave_shards(per_rank: list[Any]) -> Any:
     for r, a in enumerate(arrays):
         out[r::world][: a.shape[0]] = a
     return out
+
+
+def in_batch_order(per_rank: list[Any], rows: list[list[int]]) -> Any:
+    """Dataset order from per-process results whose batch k holds `rows[r][k]` samples of global
+    batch k (process 0's slice first): global batch by global batch, process by process."""
+    first = per_rank[0]
+    if first is None:
+        return None
+    if isinstance(first, (list, tuple)):
+        return type(first)(in_batch_order([p[i] for p in per_rank], rows) for i in range(len(first)))
+    if isinstance(first, Mapping):
+        return {k: in_batch_order([p[k] for p in per_rank], rows) for k in first}
+    arrays = [np.asarray(a) for a in per_rank]
+    trailing = tuple(max(a.shape[d] for a in arrays) for d in range(1, arrays[0].ndim))
+    arrays = [_pad_trailing(a, trailing) for a in arrays]
+    starts = [np.concatenate([[0], np.cumsum(r)]).astype(int) for r in rows]
+    pieces = [
+        arrays[r][starts[r][k] : starts[r][k + 1]]
+        for k in range(max(len(r) for r in rows))
+        for r in range(len(arrays))
+        if k < len(rows[r])
+    ]
+    return np.concatenate(pieces) if pieces else arrays[0][:0]
+
+
+def _chunks_in_batch_order(per_rank: list[Any]) -> Any:
+    """eval_do_concat_batches=False: the per-batch chunks, global batch by global batch."""
+    if per_rank[0] is None:
+        return None
+    return [p[k] for k in range(max(len(p) for p in per_rank)) for p in per_rank if k < len(p)]
 
 
 def _pad_trailing(a: np.ndarray, trailing: tuple[int, ...], value: int = -100) -> np.ndarray:

@@ -203,7 +203,7 @@ def push_from_checkpoint(trainer: HubTrainer, checkpoint: str) -> PushInProgress
     processing = trainer.processing_class
     if processing is not None and hasattr(processing, "save_pretrained"):
         processing.save_pretrained(output_dir)
-    ckpt.write_json(os.path.join(output_dir, ckpt.TRAINING_ARGS_NAME), args.to_dict())
+    ckpt.write_training_args(output_dir, args.to_dict())
     if args.save_strategy == "steps":
         message = f"Training in progress, step {trainer.state.global_step}"
     else:

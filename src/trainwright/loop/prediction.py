@@ -172,6 +172,7 @@ def evaluation_loop(
         keep_outputs=not prediction_loss_only
         and (not args.batch_eval_metrics or description == "Prediction"),
         do_concat=args.eval_do_concat_batches,
+        by_batch=deals_whole_batches(dataloader),
     )
     batch_metrics = args.batch_eval_metrics and trainer.compute_metrics is not None
     num_batches = len(dataloader) if data_utils.has_length(dataloader) else None
@@ -223,9 +224,13 @@ def _real_batches(trainer: PredictionTrainer, dataloader: Any, num_batches: int 
     rows is dropped, unless every process must run the forward: a sharded model). The loop's own
     evaluation stops at a preemption (checked before every batch; with several processes a
     collective, so only where every process has the same number of batches: a sized loader)."""
-    run = trainer._run
+    run, runtime = trainer._run, trainer.runtime
     stop = run is not None and run.eval_stops_on_preemption
-    stop = stop and (not trainer.runtime.distributed or num_batches is not None)
+    # even_batches=False may leave processes with different numbers of batches: no collective then
+    stop = stop and (
+        not runtime.distributed
+        or (num_batches is not None and len(set(runtime.all_gather_object(num_batches))) == 1)
+    )
     collective = run is not None and run.engine.collective_forward
     real_rows, dealt = rows_to_keep(dataloader), 0
     for step, inputs in enumerate(dataloader):
@@ -235,6 +240,9 @@ def _real_batches(trainer: PredictionTrainer, dataloader: Any, num_batches: int 
                 f"Evaluation stopped by {signal_name} after {step} of {num_batches or '?'} batches"
             )
         n = batch_size(inputs)
+        real_in_batch = getattr(dataloader, "real_rows_in_batch", None)  # a dispatched last batch
+        if real_in_batch is not None:
+            real_rows = dealt + real_in_batch
         dealt += n
         if real_rows is not None and dealt > real_rows:
             keep = max(real_rows - (dealt - n), 0)
@@ -328,7 +336,20 @@ def rows_to_keep(dataloader: Any) -> int | None:
     sampler: Any = getattr(dataloader, "sampler", None)
     if not getattr(sampler, "num_padding", 0):
         return None
-    return len(range(sampler.rank, sampler.num_samples, sampler.num_replicas))
+    return int(sampler.num_real)
+
+
+def deals_whole_batches(dataloader: Any) -> bool:
+    """Whether each process's batch is a contiguous slice of a global batch (accelerator_config's
+    split_batches or dispatch_batches) rather than every N-th sample: results are then put back
+    in order batch by batch."""
+    sampler: Any = getattr(dataloader, "sampler", None)
+    dataset: Any = getattr(dataloader, "dataset", None)
+    return bool(
+        getattr(dataloader, "deals_whole_batches", False)
+        or getattr(dataset, "deals_whole_batches", False)
+        or getattr(sampler, "block", 1) > 1
+    )
 
 
 def take_rows(inputs: Any, keep: int) -> Any:

@@ -33,13 +33,14 @@ from trainwright.observe.flops import FlopsEstimator
 from trainwright.observe.metrics import (
     EvalLoopOutput,
     PredictionOutput,
+    call_log,
     speed_metrics,
 )
 from trainwright.observe.metrics import log_metrics as _log_metrics
 from trainwright.observe.metrics import metrics_format as _metrics_format
 from trainwright.observe.metrics import save_metrics as _save_metrics
 from trainwright.optim.optimizers import get_optimizer_cls_and_kwargs as _get_optimizer_cls_and_kwargs
-from trainwright.optim.schedules import get_learning_rates
+from trainwright.optim.schedules import get_learning_rates, steps_on_metric
 
 logger = logging.getLogger(__name__)
 
@@ -184,8 +185,7 @@ class TrainerAPI(TrainerSetup):
 
     def get_eval_dataloader(self, eval_dataset: str | Dataset | None = None) -> torch.utils.data.DataLoader:
         """Evaluation dataloader (a name selects one of a dict of eval datasets)."""
-        dataset = dataloaders.eval_dataset_of(self, eval_dataset)
-        return dataloaders.inference_dataloader(self, dataset, "evaluation")
+        return dataloaders.eval_dataloader(self, eval_dataset)
 
     def get_test_dataloader(self, test_dataset: Dataset) -> torch.utils.data.DataLoader:
         return dataloaders.inference_dataloader(self, test_dataset, "test")
@@ -282,7 +282,7 @@ class TrainerAPI(TrainerSetup):
         return self.runtime.autocast(dtype, cache_enabled=cache_enabled)
 
     def _scheduler_is_plateau(self) -> bool:
-        return isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        return steps_on_metric(self.lr_scheduler)
 
     def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module:
         """The model as training runs it: DDP or FSDP2 over several processes, else itself (the
@@ -311,7 +311,7 @@ class TrainerAPI(TrainerSetup):
             logs["learning_rate"] = float(learning_rate)
         cursor.loss_logged_total += loss_sum
         cursor.steps_since_log = 0
-        self.log(logs, start_time)
+        call_log(self.log, logs, start_time)  # also an override with the older log(self, logs)
 
     def _fold_loss_window(self) -> None:
         cursor = self.cursor

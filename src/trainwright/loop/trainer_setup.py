@@ -24,6 +24,7 @@ from torch.utils.data import Dataset, IterableDataset
 from trainwright import data as data_utils
 from trainwright.args.training_args import TrainingArguments
 from trainwright.callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCallback
+from trainwright.callbacks.jit_checkpoint import jit_checkpoint_callbacks
 from trainwright.checkpoint.output_lock import create_output_dir
 from trainwright.core.enums import DebugOption
 from trainwright.core.events import CallbackHandler, TrainerCallback
@@ -158,6 +159,7 @@ class TrainerSetup:
         self._validate_data()
 
         default = DEFAULT_CALLBACKS + get_reporting_integration_callbacks(args.report_to)
+        default += jit_checkpoint_callbacks(self)  # upstream's name for the preemption save
         callbacks = default + _plugins(args, self.model) + list(callbacks or [])
         callbacks.append(PrinterCallback if args.disable_tqdm else ProgressCallback)
         self.callback_handler = CallbackHandler(
@@ -209,8 +211,8 @@ class TrainerSetup:
             and getattr(getattr(model, "config", None), "problem_type", None) == "multi_label_classification"
         ):
             warnings.warn(  # as upstream: smoothing one-hot targets makes no sense for independent labels
-                "label_smoothing_factor is not used with multi-label classification (problem_type="
-                "'multi_label_classification'): training without label smoothing.",
+                "Label smoothing is not compatible with multi-label classification. Disabling label "
+                "smoothing for this training run (label_smoothing_factor, problem_type='multi_label_classification').",
                 UserWarning,
                 stacklevel=3,
             )

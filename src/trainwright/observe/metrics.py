@@ -7,6 +7,8 @@ Everything here is a module function or a small class: the Trainer exposes `log_
 from __future__ import annotations
 
 import datetime
+import functools
+import inspect
 import json
 import math
 import os
@@ -115,6 +117,29 @@ def speed_metrics(
         if count is not None:
             result[f"{split}_{name}_per_second"] = round(count / runtime, 3)
     return result
+
+
+@functools.lru_cache(maxsize=64)
+def _takes_start_time(function: Callable[..., Any], bound: bool) -> bool:
+    try:
+        params = list(inspect.signature(function).parameters.values())[int(bound) :]  # after `self`
+    except (TypeError, ValueError):  # no signature to read: call it as upstream does
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL or p.name == "start_time" for p in params)
+
+
+def call_log(log: Callable[..., Any], logs: dict[str, float], start_time: float | None) -> None:
+    """`log(logs, start_time)` as transformers >= 4.47 calls a Trainer's `log`, or `log(logs)` for an
+    override with the older one-argument signature (`def log(self, logs)`, still common in
+    subclasses), which then runs instead of failing on the training rows.
+    """
+    function = getattr(log, "__func__", None)  # a bound method: its function, cached per override
+    takes = _takes_start_time(function, True) if function is not None else _takes_start_time(log, False)
+    if takes:
+        log(logs, start_time)
+    else:
+        log(logs)
 
 
 def denumpify_detensorize(metrics: Any) -> Any:

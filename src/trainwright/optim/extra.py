@@ -68,6 +68,12 @@ _OTHERS = (
 EXTRA_OPTIMIZER_NAMES: tuple[str, ...] = _OTHERS + _BNB + _GALORE + _APOLLO + _SCHEDULE_FREE
 
 
+class MissingOptimizerPackageError(ImportError, ValueError):
+    """An `optim` whose optional package is missing: the documented `ImportError`, and also the
+    `ValueError` transformers raises for some of them (torch_xla, torch_npu, torchdistx, grokadamw),
+    so code catching either catches it."""
+
+
 def _require(
     module: str,
     name: str,
@@ -81,7 +87,7 @@ def _require(
         mod = importlib.import_module(module)
     except ImportError as error:
         on = f" on {device}" if device else ""
-        raise ImportError(
+        raise MissingOptimizerPackageError(
             f"optim={name!r} needs the {package!r} package{on}: {install or 'pip install ' + package}"
         ) from error
     if minimum is not None:
@@ -90,7 +96,7 @@ def _require(
         from packaging.version import Version
 
         if Version(version(package)) < Version(minimum):
-            raise ImportError(
+            raise MissingOptimizerPackageError(
                 f"optim={name!r} needs {package}>={minimum}: pip install -U '{package}>={minimum}'"
             )
     return mod

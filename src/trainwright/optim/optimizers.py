@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainwright.optim.adafactor import adafactor_class
 from trainwright.optim.decay import decay_param_groups
 from trainwright.optim.decay import get_decay_parameter_names as get_decay_parameter_names  # re-exported
 from trainwright.optim.extra import EXTRA_OPTIMIZER_NAMES, get_extra_cls_and_kwargs, make_checkpointable
@@ -143,15 +144,6 @@ def _fast_adamw_kwargs(model: nn.Module | None) -> dict[str, bool]:
     return {}
 
 
-def _adafactor_class() -> type[torch.optim.Optimizer]:
-    cls = getattr(torch.optim, "Adafactor", None)
-    if cls is None:
-        raise ValueError(
-            f"optim='adafactor' needs torch.optim.Adafactor (torch >= 2.5); torch {torch.__version__} is installed"
-        )
-    return cls
-
-
 def get_optimizer_cls_and_kwargs(
     args: Any, model: nn.Module | None = None
 ) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
@@ -159,7 +151,8 @@ def get_optimizer_cls_and_kwargs(
 
     kwargs: `lr=args.learning_rate`; AdamW adds `betas=(adam_beta1, adam_beta2)` and
     `eps=adam_epsilon`; `adamw_torch_fused` adds `fused=True` or a fallback (module docstring);
-    `adamw_torch_foreach` adds `foreach=True`; Adafactor is `torch.optim.Adafactor` with only `lr`.
+    `adamw_torch_foreach` adds `foreach=True`; Adafactor is transformers' (`optim.adafactor`) with
+    `scale_parameter=False, relative_step=False`.
     Entries of `args.optim_args` are added last and override these; a key the optimizer does not
     take is an error. `model` is used to see which device the parameters are on. Names from
     optional packages: `trainwright.optim.extra` (kwargs may then hold `params`, `model` or
@@ -175,8 +168,9 @@ def get_optimizer_cls_and_kwargs(
         cls: type[torch.optim.Optimizer] = torch.optim.AdamW
         kwargs["betas"] = (args.adam_beta1, args.adam_beta2)
         kwargs["eps"] = args.adam_epsilon
-    elif name == "adafactor":
-        cls = _adafactor_class()
+    elif name == "adafactor":  # upstream's: a manual lr, no parameter scaling
+        cls = adafactor_class()
+        kwargs.update(scale_parameter=False, relative_step=False)
     else:
         cls = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "rmsprop": torch.optim.RMSprop}[name]
 

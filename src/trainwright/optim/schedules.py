@@ -1,6 +1,7 @@
 """Learning-rate schedules with the names and curves of `transformers.optimization`.
 
-Every schedule except `reduce_lr_on_plateau` is a `LambdaLR` whose multiplier is a module-level
+Every schedule except `reduce_lr_on_plateau` and `greedy` (stepped with the evaluation metric,
+`steps_on_metric`) is a `LambdaLR` whose multiplier is a module-level
 function bound with `functools.partial`. The scheduler state therefore holds only numbers and
 empty dicts: it is written with `torch.save` and read back with `torch.load(weights_only=True)`.
 The curve's parameters are not part of that state; they come from the arguments the schedule is
@@ -24,6 +25,8 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
+
+from trainwright.optim.greedy import greedy_lr_class
 
 _PHASE_SHAPES = ("linear", "cosine", "1-sqrt")
 
@@ -313,6 +316,33 @@ def get_reduce_on_plateau_schedule(optimizer: Optimizer, **kwargs: Any) -> Reduc
     return _PlateauSchedule(optimizer, **kwargs)
 
 
+def get_greedy_schedule(optimizer: Optimizer, **kwargs: Any) -> Any:
+    """transformers' `GreedyLR` (kwargs go to it; `trainwright.optim.greedy`); step it with the
+    evaluation metric."""
+    cls = greedy_lr_class()
+    _bind(cls, "greedy", optimizer, **kwargs)
+    return cls(optimizer, **kwargs)
+
+
+def steps_on_metric(scheduler: Any) -> bool:
+    """Whether `scheduler` is stepped with the evaluation metric instead of after each optimizer step.
+
+    True for `ReduceLROnPlateau`, `GreedyLR` and any scheduler whose `step` takes the metric: its
+    first parameter is named `metrics` or has no default (it cannot be stepped without a value).
+    """
+    if scheduler is None:
+        return False
+    if isinstance(scheduler, ReduceLROnPlateau):
+        return True
+    try:
+        params = list(inspect.signature(scheduler.step).parameters.values())
+    except (AttributeError, TypeError, ValueError):  # no step, or one without a signature (C function)
+        return False
+    if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        return False
+    return params[0].name == "metrics" or params[0].default is inspect.Parameter.empty
+
+
 def get_cosine_with_min_lr_schedule_with_warmup(
     optimizer: Optimizer,
     num_warmup_steps: int,
@@ -438,6 +468,7 @@ _BY_NAME: dict[str, tuple[Callable[..., LRScheduler], tuple[str, ...]]] = {
         ("num_warmup_steps", "num_training_steps"),
     ),
     "warmup_stable_decay": (get_wsd_schedule, ("num_warmup_steps", "num_training_steps")),
+    "greedy": (get_greedy_schedule, ()),
 }
 SCHEDULER_NAMES: tuple[str, ...] = tuple(_BY_NAME)
 
@@ -445,11 +476,6 @@ SCHEDULER_NAMES: tuple[str, ...] = tuple(_BY_NAME)
 def scheduler_name(name: str | Enum) -> str:
     """Normalise a scheduler name (plain string or str-enum member); unknown names raise ValueError."""
     value = name.value if isinstance(name, Enum) else name
-    if value == "greedy":
-        raise ValueError(
-            "lr_scheduler_type 'greedy' (transformers' GreedyLR) is not provided by trainwright; "
-            f"choose one of {list(SCHEDULER_NAMES)}"
-        )
     if value not in _BY_NAME:
         raise ValueError(f"unknown lr_scheduler_type {value!r}; choose one of {list(SCHEDULER_NAMES)}")
     return value
@@ -464,7 +490,7 @@ def get_scheduler(
 ) -> LRScheduler:
     """Build the schedule called `name` (see `SCHEDULER_NAMES`).
 
-    `constant` and `reduce_lr_on_plateau` ignore the step counts; `constant_with_warmup` and
+    `constant`, `reduce_lr_on_plateau` and `greedy` ignore the step counts; `constant_with_warmup` and
     `inverse_sqrt` need `num_warmup_steps`; `warmup_stable_decay` needs `num_warmup_steps`, and
     `num_decay_steps` plus `num_training_steps` or `num_stable_steps`; the rest need both counts.
     `scheduler_specific_kwargs` (`lr_scheduler_kwargs`) go to the named constructor; one it does
