@@ -184,10 +184,20 @@ def resolve_old_names(args: Any) -> None:
     if take_old(args, "tpu_metrics_debug", False, 'debug="tpu_metrics_debug"'):
         args.debug = list(dict.fromkeys([*words(args.debug), "tpu_metrics_debug"]))
     _resolve_old_hub_names(args)
+    _resolve_old_fsdp_names(args)
+    _refuse_what_has_no_effect(args)
+    _sync_checkpointing_names(args)
+
+
+def _resolve_old_fsdp_names(args: Any) -> None:
     if (v := take_old(args, "fsdp_min_num_params", 0, 'fsdp_config["min_num_params"]')) is not None:
         cast(dict[str, Any], args.fsdp_config).setdefault("min_num_params", v)  # a dict by now
     if (v := take_old(args, "fsdp_transformer_layer_cls_to_wrap", None, "fsdp_config")) is not None:
         cast(dict[str, Any], args.fsdp_config).setdefault("transformer_layer_cls_to_wrap", v)
+
+
+def _refuse_what_has_no_effect(args: Any) -> None:
+    """Old fields trainwright cannot honour: refused unless left at their v4 default."""
     for name, (v4_default, why) in NO_EFFECT.items():
         if getattr(args, name) == v4_default:
             continue
@@ -201,8 +211,6 @@ def resolve_old_names(args: Any) -> None:
             "save_safetensors",
             "trainwright always writes safetensors (pickled weights would break its nothing-pickled rule)",
         )
-        args.save_safetensors = True
-    _sync_checkpointing_names(args)
 
 
 def _resolve_old_hub_names(args: Any) -> None:

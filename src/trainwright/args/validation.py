@@ -398,6 +398,13 @@ def _check_optimization(args: Any) -> None:
             raise invalid(args, beta, "expected a number in [0, 1)")
     if not is_finite(args.adam_epsilon) or args.adam_epsilon < 0:
         raise invalid(args, "adam_epsilon", "expected a finite number >= 0")
+    _resolve_warmup(args)
+    if not is_number(args.label_smoothing_factor) or not 0 <= args.label_smoothing_factor < 1:
+        raise invalid(args, "label_smoothing_factor", "expected a number in [0, 1)")
+
+
+def _resolve_warmup(args: Any) -> None:
+    """warmup_steps: a step count, or a fraction < 1 of the run; warmup_ratio: v4's fraction."""
     if not is_finite(args.warmup_steps) or args.warmup_steps < 0:
         raise invalid(args, "warmup_steps", "expected >= 0: a step count, or a fraction < 1 of the run")
     if args.warmup_steps >= 1:
@@ -419,8 +426,6 @@ def _check_optimization(args: Any) -> None:
             )
         if args.warmup_steps > 0:
             logger.warning("warmup_steps=%s overrides warmup_ratio=%s", args.warmup_steps, args.warmup_ratio)
-    if not is_number(args.label_smoothing_factor) or not 0 <= args.label_smoothing_factor < 1:
-        raise invalid(args, "label_smoothing_factor", "expected a number in [0, 1)")
 
 
 # -- precision and compilation -------------------------------------------------------------------
