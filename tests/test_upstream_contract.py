@@ -307,3 +307,20 @@ def test_sortish_sampler_is_the_group_by_length_sampler(tmp_path, caplog):
     assert caplog.text.count("sortish_sampler=True: training batches are drawn by length") == 1
     with pytest.raises(ValueError, match="sortish_sampler.*train_sampling_strategy='sequential'"):
         order(sortish_sampler=True, train_sampling_strategy="sequential")
+
+
+def test_train_batch_size_is_set_at_construction(make_args):
+    """Upstream sets `_train_batch_size` in `__init__`; subclasses in the wild (TRL's trainers) read it
+    in `get_train_dataloader` before any `auto_find_batch_size` search."""
+    seen = []
+
+    class ReadsIt(Trainer):
+        def get_train_dataloader(self):
+            seen.append(self._train_batch_size * self.args.gradient_accumulation_steps)
+            return super().get_train_dataloader()
+
+    args = make_args(per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=1)
+    trainer = ReadsIt(model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=16))
+    assert trainer._train_batch_size == args.train_batch_size == 4
+    trainer.train()
+    assert seen == [8]
