@@ -19,11 +19,11 @@ from torch import nn
 
 from trainwright import data as data_utils
 from trainwright.args.training_args import TrainingArguments
-from trainwright.checkpoint.output_lock import claim_output_dir
 from trainwright.core.seed import set_seed
 from trainwright.core.state import LoopCursor, TrainerState
 from trainwright.distributed import device_cache
 from trainwright.distributed.engine import build_engine
+from trainwright.distributed.output_lock import claim_output_dir
 from trainwright.distributed.preemption import PreemptionGuard
 from trainwright.loop import async_saves, batch_size_finder, hub, prediction, resume
 from trainwright.loop import checkpointing as training_checkpoint

@@ -25,13 +25,13 @@ from trainwright import data as data_utils
 from trainwright.args.training_args import TrainingArguments
 from trainwright.callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCallback
 from trainwright.checkpoint.async_writer import AsyncCheckpointWriter, GroupCollectives
-from trainwright.checkpoint.output_lock import create_output_dir
 from trainwright.core.enums import DebugOption
 from trainwright.core.events import CallbackHandler, TrainerCallback
 from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import LoopCursor, TrainerControl, TrainerState
 from trainwright.distributed import device_cache
 from trainwright.distributed.engine import Engine
+from trainwright.distributed.output_lock import create_output_dir
 from trainwright.distributed.preemption import PreemptionGuard
 from trainwright.distributed.runtime import Runtime, get_runtime
 from trainwright.loop import dataloaders, hub
