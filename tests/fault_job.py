@@ -15,11 +15,14 @@ A small MLP on a fixed dataset. It prints, flushed, one line per event the paren
   `train_item_sleep`: seconds each training item takes to load (the main process then mostly waits for
   a worker); `augment`: each item draws noise from the worker's global torch RNG;
 - `dropout`, `async_save`, `resume` (`resume_from_checkpoint`), `final` (a folder: `save_model` there
-  after training).
+  after training);
+- `no_folder_flock`: flock on a directory fails with EBADF, as on NFS (the output-dir lock then takes
+  its file beside the folder).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -90,8 +93,26 @@ class SlowSaveTrainer(Trainer):
                 time.sleep(0.05)
 
 
+def _no_folder_flock() -> None:
+    import fcntl
+    import stat
+
+    from trainwright.distributed import output_lock
+
+    real = fcntl.flock
+
+    def flock(fd, op):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        return real(fd, op)
+
+    output_lock.fcntl.flock = flock  # type: ignore[union-attr]
+
+
 def main(cfg: dict) -> None:
     torch.set_num_threads(1)
+    if cfg.get("no_folder_flock"):
+        _no_folder_flock()
     eval_items = cfg.get("eval_items", 0)
     args = TrainingArguments(
         output_dir=cfg["output_dir"],
