@@ -275,7 +275,6 @@ _RESUMED_STATE = (
     "best_global_step",
     "total_flos",
     "num_input_tokens_seen",
-    "optimizer_step_attempts",
     "stateful_callbacks",
     "trial_name",
     "trial_params",
@@ -407,6 +406,7 @@ def restore(trainer: CheckpointedTrainer, path: str, train_dataloader: Any) -> b
         if args.ignore_data_skip:
             trainer.cursor.batch_in_epoch = trainer.cursor.samples_in_epoch = 0
     cursor = trainer.cursor
+    trainer.state.optimizer_step_attempts = cursor.steps_attempted  # data_state.json's, not trainer_state's
     if with_optimizer:
         trainer._load_rng_state(path)
     logger.info(
