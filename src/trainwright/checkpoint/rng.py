@@ -32,6 +32,7 @@ import torch
 
 from trainwright.checkpoint.files import RNG_STATE_NAME, CheckpointError, safe_torch_load, save_torch_state
 
+
 def capture_rng_state() -> dict[str, Any]:
     """This process's RNG state in transformers' layout, readable with `weights_only=True`."""
     numpy_state = np.random.get_state(legacy=True)
