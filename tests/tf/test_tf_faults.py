@@ -90,6 +90,15 @@ def test_a_preemption_signal_saves_exits_0_and_the_resume_is_bit_exact(uninterru
         assert np.array_equal(got, want)
 
 
+def test_the_preemption_arguments_are_honoured(tmp_path):
+    from trainwright import TFTrainingArguments
+
+    args = TFTrainingArguments(output_dir=str(tmp_path), preemption_signals=["SIGUSR1"])
+    assert args.preemption_signals == ["SIGUSR1"]
+    assert TFTrainingArguments(output_dir=str(tmp_path), enable_jit_checkpoint=False).preemption_signals == []
+    assert TFTrainingArguments(output_dir=str(tmp_path)).preemption_signals == ["SIGTERM", "SIGUSR1", "SIGINT"]
+
+
 def test_a_second_run_into_the_same_output_dir_is_refused_naming_the_first(tmp_path):
     out = str(tmp_path / "run")
     first = _start([out, "--max_steps", "500", *SLOW])
