@@ -8,7 +8,7 @@ import math
 import warnings
 from abc import ABC
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 
 # ABC only for __subclasshook__: the base has a default for each method, none is abstract.
@@ -73,7 +73,8 @@ class TrainerState:
     trial_name: str | None = None
     trial_params: dict[str, Any] | None = None
     stateful_callbacks: dict[str, Any] = field(default_factory=dict)
-    optimizer_step_attempts: ClassVar[int] = 0  # an attribute set per instance by the loop
+    # not annotated, so not a field: an attribute the loop sets per instance
+    optimizer_step_attempts = 0
 
     def __post_init__(self) -> None:
         if self.stateful_callbacks is None:
