@@ -16,6 +16,7 @@ A small MLP on a fixed dataset. It prints, flushed, one line per event the paren
   a worker); `augment`: each item draws noise from the worker's global torch RNG;
 - `dropout`, `async_save`, `resume` (`resume_from_checkpoint`), `final` (a folder: `save_model` there
   after training);
+- `use_cpu` (default true; false: the accelerator, pinned memory with workers);
 - `no_folder_flock`: flock on a directory fails with EBADF, as on NFS (the output-dir lock then takes
   its file beside the folder).
 """
@@ -129,7 +130,7 @@ def main(cfg: dict) -> None:
         async_save=cfg.get("async_save", False),
         report_to="none",
         disable_tqdm=True,
-        use_cpu=True,
+        use_cpu=cfg.get("use_cpu", True),
         preemption_signals=["SIGTERM", "SIGUSR1", "SIGINT"],  # named explicitly (also the default)
     )
     SlowSaveTrainer.save_sleep = cfg.get("save_sleep", 0.0)
