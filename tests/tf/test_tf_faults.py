@@ -96,7 +96,11 @@ def test_the_preemption_arguments_are_honoured(tmp_path):
     args = TFTrainingArguments(output_dir=str(tmp_path), preemption_signals=["SIGUSR1"])
     assert args.preemption_signals == ["SIGUSR1"]
     assert TFTrainingArguments(output_dir=str(tmp_path), enable_jit_checkpoint=False).preemption_signals == []
-    assert TFTrainingArguments(output_dir=str(tmp_path)).preemption_signals == ["SIGTERM", "SIGUSR1", "SIGINT"]
+    assert TFTrainingArguments(output_dir=str(tmp_path)).preemption_signals == [
+        "SIGTERM",
+        "SIGUSR1",
+        "SIGINT",
+    ]
 
 
 def test_a_second_run_into_the_same_output_dir_is_refused_naming_the_first(tmp_path):
