@@ -11,7 +11,8 @@ main_process_first order, parameter dtype inside forward). Task keys:
     overrides), resume (null | true | path), predict (eval samples: predict() after training),
     eval (eval samples: an eval_dataset), fail / hang ({"rank", "step"}: raise / block forever at that step's start), announce (print
     "STEP n"), per_rank_dirs (each rank gets its own output_dir: DIR/<name>/view<rank>),
-    save_model (default true), init_seed_per_rank (rank r initialises its model with seed r).
+    save_model (default true), init_seed_per_rank (rank r initialises its model with seed r), slow_items
+    (seconds each training item of the "mlp" models takes to load).
 """
 
 from __future__ import annotations
@@ -38,15 +39,18 @@ VOCAB = 32
 
 
 class VectorData(Dataset):
-    def __init__(self, n: int, d: int = 8, seed: int = 0):
+    def __init__(self, n: int, d: int = 8, seed: int = 0, item_sleep: float = 0.0):
         g = torch.Generator().manual_seed(seed)
         self.x = torch.randn(n, d, generator=g)
         self.y = self.x.sum(-1) + 0.1 * torch.randn(n, generator=g)
+        self.item_sleep = item_sleep
 
     def __len__(self) -> int:
         return len(self.x)
 
     def __getitem__(self, i: int) -> dict:
+        if self.item_sleep:
+            time.sleep(self.item_sleep)
         return {"x": self.x[i], "labels": self.y[i]}
 
 
@@ -101,8 +105,8 @@ def build_model(kind: str, seed: int = 0) -> nn.Module:
     return MLP(dropout=0.2 if kind == "mlp_dropout" else 0.0)
 
 
-def build_data(kind: str, n: int, seed: int = 0) -> Dataset:
-    return TokenData(n, seed) if kind in ("lm", "gpt2") else VectorData(n, seed=seed)
+def build_data(kind: str, n: int, seed: int = 0, item_sleep: float = 0.0) -> Dataset:
+    return TokenData(n, seed) if kind in ("lm", "gpt2") else VectorData(n, seed=seed, item_sleep=item_sleep)
 
 
 def mse_metric(p) -> dict:
@@ -166,7 +170,7 @@ def run_task(task: dict, out_root: str) -> dict:
     trainer = Trainer(
         model=build_model(kind, seed=rank if task.get("init_seed_per_rank") else 0),
         args=args,
-        train_dataset=build_data(kind, task.get("n", 32)),
+        train_dataset=build_data(kind, task.get("n", 32), item_sleep=task.get("slow_items", 0.0)),
         eval_dataset=build_data(kind, task["eval"], seed=1) if task.get("eval") else None,
         data_collator=pad_sequence_collator() if kind in ("lm", "gpt2") else None,
         compute_metrics=token_accuracy if kind in ("lm", "gpt2") else mse_metric,

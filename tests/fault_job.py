@@ -11,12 +11,19 @@ A small MLP on a fixed dataset. It prints, flushed, one line per event the paren
 - `eval_items`, `eval_item_sleep`: an evaluation set whose every item sleeps (a slow evaluation),
   evaluated every `eval_steps`;
 - `save_sleep`: seconds a checkpoint's write sleeps after the weights are written (a slow save);
-- `workers`: dataloader workers (`mp_context`: their start method); `train_item_sleep`: seconds each training item takes to load (the
-  main process then mostly waits for a worker).
+- `workers`: dataloader workers (`mp_context`: their start method; `persistent`: persistent workers);
+  `train_item_sleep`: seconds each training item takes to load (the main process then mostly waits for
+  a worker); `augment`: each item draws noise from the worker's global torch RNG;
+- `dropout`, `async_save`, `resume` (`resume_from_checkpoint`), `final` (a folder: `save_model` there
+  after training);
+- `use_cpu` (default true; false: the accelerator, pinned memory with workers);
+- `no_folder_flock`: flock on a directory fails with EBADF, as on NFS (the output-dir lock then takes
+  its file beside the folder).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -30,11 +37,12 @@ from trainwright import Trainer, TrainerCallback, TrainingArguments
 
 
 class Data(Dataset):
-    def __init__(self, n: int, item_sleep: float = 0.0) -> None:
+    def __init__(self, n: int, item_sleep: float = 0.0, augment: bool = False) -> None:
         g = torch.Generator().manual_seed(0)
         self.x = torch.randn(n, 8, generator=g)
         self.y = self.x.sum(-1)
         self.item_sleep = item_sleep
+        self.augment = augment
 
     def __len__(self) -> int:
         return len(self.x)
@@ -42,13 +50,14 @@ class Data(Dataset):
     def __getitem__(self, i: int) -> dict:
         if self.item_sleep:
             time.sleep(self.item_sleep)
-        return {"x": self.x[i], "labels": self.y[i]}
+        x = self.x[i] + 0.1 * torch.randn(8) if self.augment else self.x[i]
+        return {"x": x, "labels": self.y[i]}
 
 
 class Net(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, dropout: float = 0.0) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, 1))
 
     def forward(self, x, labels=None):
         out = self.net(x).squeeze(-1)
@@ -85,8 +94,26 @@ class SlowSaveTrainer(Trainer):
                 time.sleep(0.05)
 
 
+def _no_folder_flock() -> None:
+    import fcntl
+    import stat
+
+    from trainwright.distributed import output_lock
+
+    real = fcntl.flock
+
+    def flock(fd, op):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        return real(fd, op)
+
+    output_lock.fcntl.flock = flock  # type: ignore[union-attr]
+
+
 def main(cfg: dict) -> None:
     torch.set_num_threads(1)
+    if cfg.get("no_folder_flock"):
+        _no_folder_flock()
     eval_items = cfg.get("eval_items", 0)
     args = TrainingArguments(
         output_dir=cfg["output_dir"],
@@ -99,20 +126,25 @@ def main(cfg: dict) -> None:
         eval_steps=cfg.get("eval_steps", 2),
         dataloader_num_workers=cfg.get("workers", 0),
         dataloader_multiprocessing_context=cfg.get("mp_context"),
+        dataloader_persistent_workers=cfg.get("persistent", False),
+        async_save=cfg.get("async_save", False),
         report_to="none",
         disable_tqdm=True,
-        use_cpu=True,
+        use_cpu=cfg.get("use_cpu", True),
         preemption_signals=["SIGTERM", "SIGUSR1", "SIGINT"],  # named explicitly (also the default)
     )
     SlowSaveTrainer.save_sleep = cfg.get("save_sleep", 0.0)
+    torch.manual_seed(0)
     trainer = SlowSaveTrainer(
-        model=Net(),
+        model=Net(cfg.get("dropout", 0.0)),
         args=args,
-        train_dataset=Data(64, cfg.get("train_item_sleep", 0.0)),
+        train_dataset=Data(64, cfg.get("train_item_sleep", 0.0), cfg.get("augment", False)),
         eval_dataset=Data(eval_items, cfg.get("eval_item_sleep", 0.0)) if eval_items else None,
         callbacks=[Report(cfg.get("step_sleep", 0.0))],
     )
-    out = trainer.train()
+    out = trainer.train(resume_from_checkpoint=cfg.get("resume"))
+    if cfg.get("final"):
+        trainer.save_model(cfg["final"])
     print(f"DONE {out.global_step}", flush=True)
 
 

@@ -414,7 +414,7 @@ def test_cuda_rng_state_round_trip(tmp_path):
     torch.rand(1, device="cuda")  # CUDA in use: its generators are part of the state
     ckpt.save_rng_state(tmp_path)
     state = torch.load(tmp_path / "rng_state.pth", weights_only=True)
-    assert len(state["cuda"]) == torch.cuda.device_count()
+    assert isinstance(state["cuda"], torch.Tensor)  # one process: the current device's, as upstream
     first = torch.rand(4, device="cuda").tolist()
     assert ckpt.load_rng_state(tmp_path)
     assert torch.rand(4, device="cuda").tolist() == first

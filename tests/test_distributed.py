@@ -32,6 +32,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import trainwright
 import trainwright.checkpoint as ckpt
 from trainwright.distributed.fsdp import MODEL_DIR, OPTIMIZER_DIR, _wrap_units, load_sharded
 
@@ -116,8 +117,8 @@ def _env() -> dict:
     env = {
         k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")
     }
-    # this checkout's package first: an installed (editable) trainwright may be another checkout's
-    src = os.path.join(os.path.dirname(HERE), "src")
+    # the trainwright this test imports (a worktree's src/ given by PYTHONPATH, else the installed one)
+    src = os.path.dirname(os.path.dirname(os.path.abspath(trainwright.__file__)))
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([HERE, src]), PYTHONUNBUFFERED="1")
     return env
 

@@ -30,8 +30,9 @@ from torch.utils.data import Dataset
 import trainwright.checkpoint as ckpt
 from trainwright import Trainer, TrainerCallback, TrainingArguments
 from trainwright.checkpoint import files as checkpoint_io
-from trainwright.checkpoint import folder, output_lock, weights
-from trainwright.checkpoint.output_lock import LOCK_NAME, OutputDirError, OutputDirInUseError
+from trainwright.checkpoint import folder, weights
+from trainwright.distributed import output_lock
+from trainwright.distributed.output_lock import RECORD_ATTR, OutputDirError, OutputDirInUseError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, "fault_job.py")
@@ -163,7 +164,7 @@ def test_second_process_is_refused_while_the_first_trains(tmp_path, jobs):
     out = str(tmp_path / "out")
     first = jobs({"output_dir": out, "max_steps": 10_000, "step_sleep": 0.05})
     pid = int(first.wait_for("STARTED").split()[1])
-    holder = json.loads(open(os.path.join(out, LOCK_NAME)).read())
+    holder = json.loads(os.getxattr(out, RECORD_ATTR))  # the record; nothing is written into out
     assert holder["pid"] == pid and holder["host"] and holder["started"]
 
     second = jobs({"output_dir": out, "max_steps": 2, "save_steps": 1})
@@ -171,13 +172,13 @@ def test_second_process_is_refused_while_the_first_trains(tmp_path, jobs):
     assert code != 0 and "STARTED" not in stdout  # refused before its loop began
     assert "OutputDirInUseError" in stderr
     assert f"output_dir={out!r} is in use by another training run (pid {pid} on host" in stderr
-    assert os.listdir(out) == [LOCK_NAME]  # the second run wrote nothing
+    assert os.listdir(out) == []  # the second run wrote nothing
 
     first.proc.send_signal(signal.SIGTERM)  # the first one is unharmed: it saves and exits cleanly
     code, stdout, stderr = first.finish()
     assert code == 0, stderr[-3000:]
     assert ckpt.get_last_checkpoint(out) is not None
-    assert LOCK_NAME not in os.listdir(out)  # released (and removed) on exit
+    assert RECORD_ATTR not in os.listxattr(out)  # released (and its record removed) on exit
 
 
 def test_sigkilled_holder_does_not_block_the_next_run(tmp_path, jobs):
@@ -187,7 +188,7 @@ def test_sigkilled_holder_does_not_block_the_next_run(tmp_path, jobs):
     first.wait_for("STEP 2")
     os.kill(first.proc.pid, signal.SIGKILL)
     assert first.proc.wait(timeout=60) == -signal.SIGKILL
-    assert os.path.exists(os.path.join(out, LOCK_NAME))  # the file stays, the kernel dropped the lock
+    assert os.listdir(out) == []  # nothing left in the folder; the kernel dropped the lock
 
     code, stdout, stderr = jobs({"output_dir": out, "max_steps": 2, "save_steps": 1}).finish()
     assert code == 0, stderr[-3000:]
@@ -207,7 +208,7 @@ def test_lock_in_process_conflict_release_and_unsupported_filesystem(tmp_path, m
             _trainer(out).train()
     assert os.listdir(out) == []
     _trainer(out).train()  # released: the next run goes ahead
-    assert LOCK_NAME not in os.listdir(out)
+    assert RECORD_ATTR not in os.listxattr(out)
 
     def no_flock(fd, op):
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))

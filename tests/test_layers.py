@@ -187,6 +187,7 @@ def test_cycle_finder_finds_a_cycle():
         ("trainwright.trainer", "trainwright.loop.trainer"),
         ("trainwright.runtime", "trainwright.core.runtime"),
         ("trainwright.distributed.runtime", "trainwright.core.runtime"),
+        ("trainwright.checkpoint.output_lock", "trainwright.distributed.output_lock"),
     ],
 )
 def test_old_module_paths_still_import_with_a_deprecation_warning(old, new):

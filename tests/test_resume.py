@@ -14,13 +14,21 @@ import torch
 from conftest import VectorDataset
 from safetensors.torch import load_file
 
+import trainwright
 from trainwright import Trainer, TrainerState
 
 JOB = os.path.join(os.path.dirname(__file__), "resume_job.py")
+# the jobs import the trainwright this test imports (a worktree's src/ given by PYTHONPATH)
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(
+        [os.path.dirname(__file__), os.path.dirname(os.path.dirname(os.path.abspath(trainwright.__file__)))]
+    ),
+}
 
 
 def run_job(cfg: dict, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__)}
+    env = ENV
     proc = subprocess.run(
         [sys.executable, JOB, json.dumps(cfg)], capture_output=True, text=True, env=env, timeout=300
     )
@@ -59,6 +67,62 @@ def test_resume_in_a_new_process_is_bit_identical(reference, tmp_path, stop):
     assert res["train_loss"] == ref_res["train_loss"]
     for k in ref_weights:
         assert torch.equal(weights[k], ref_weights[k]), k
+
+
+def _as_an_earlier_release_wrote_it(folder: str) -> None:
+    """Rewrite a checkpoint in the layout of releases before issue 18: trainer_state.json with the key
+    `optimizer_step_attempts`, rng_state.pth as {"format": "trainwright-rng-1", "python": {...},
+    "numpy": {...}, "cpu"}; the manifest's sizes and checksums follow."""
+    from trainwright.checkpoint.verify import file_checksum
+
+    state_path = os.path.join(folder, "trainer_state.json")
+    with open(state_path) as f:
+        state = json.load(f)
+    with open(os.path.join(folder, "data_state.json")) as f:
+        state["optimizer_step_attempts"] = json.load(f)["cursor"]["steps_attempted"]
+    with open(state_path, "w") as f:
+        json.dump(state, f, indent=2, sort_keys=True)
+    rng_path = os.path.join(folder, "rng_state.pth")
+    rng = torch.load(rng_path, weights_only=True)
+    version, internal, gauss_next = rng["python"]
+    name, keys, pos, has_gauss, cached = rng["numpy"]
+    old = {
+        "format": "trainwright-rng-1",
+        "python": {"version": version, "state": torch.tensor(internal), "gauss_next": gauss_next},
+        "numpy": {
+            "bit_generator": name,
+            "keys": torch.tensor(keys, dtype=torch.int64),
+            "pos": pos,
+            "has_gauss": has_gauss,
+            "cached_gaussian": cached,
+        },
+        "cpu": rng["cpu"],
+    }
+    torch.save(old, rng_path)
+    manifest_path = os.path.join(folder, "checkpoint_complete.json")
+    with open(manifest_path) as f:
+        manifest = json.load(f)
+    for rel in ("trainer_state.json", "rng_state.pth"):
+        manifest["files"][rel] = os.path.getsize(os.path.join(folder, rel))
+        manifest["checksums"][rel] = file_checksum(os.path.join(folder, rel))
+    with open(manifest_path, "w") as f:
+        json.dump(manifest, f)
+
+
+def test_a_checkpoint_of_an_earlier_release_resumes_bit_identical(reference, tmp_path):
+    ref_res, ref_weights = result(reference)
+    out = str(tmp_path / "resumed")
+    os.makedirs(out)
+    shutil.copytree(os.path.join(reference, "checkpoint-8"), os.path.join(out, "checkpoint-8"))
+    _as_an_earlier_release_wrote_it(os.path.join(out, "checkpoint-8"))
+    proc = run_job({"output_dir": out, "workers": 2, "resume": True})
+    assert "unknown TrainerState keys" not in proc.stderr  # an earlier release's key is known
+    res, weights = result(out)
+    assert res["rows"] == ref_res["rows"] and res["train_loss"] == ref_res["train_loss"]
+    for k in ref_weights:
+        assert torch.equal(weights[k], ref_weights[k]), k
+    state = TrainerState.load_from_json(os.path.join(out, "checkpoint-8", "trainer_state.json"))
+    assert state.optimizer_step_attempts == 8
 
 
 def test_resume_checkpoint_contents_are_weights_only(reference):
@@ -254,7 +318,7 @@ def test_early_stopping_state_survives_resume(tmp_path):
 
 def test_sigterm_saves_and_exits_cleanly_and_second_signal_does_not_corrupt(tmp_path):
     out = str(tmp_path / "pre")
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__)}
+    env = ENV
     cfg = {"output_dir": out, "announce": True, "announce_pause": 0.5, "save_steps": 1000, "epochs": 50}
     proc = subprocess.Popen(
         [sys.executable, JOB, json.dumps(cfg)],
@@ -320,7 +384,7 @@ def _kill_and_resume(reference, tmp_path, kills):
     import time
 
     ref_res, ref_weights = result(reference)
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__)}
+    env = ENV
     for n, (step, delay_ms) in enumerate(kills):
         out = str(tmp_path / f"kill{n}")
         cfg = {"output_dir": out, "workers": 2, "announce": True}

@@ -3,7 +3,7 @@ TF_CONFIG workers, resume in a new process, SIGKILL during a save).
 
     python tf_job.py OUTPUT_DIR [--devices N] [--bs B] [--ga G] [--max_steps S] [--save_steps K]
         [--stop_at S] [--resume] [--dropout P] [--kill_in tf_write|json|rename --kill_save N]
-        [--weights FILE] [--clip C]
+        [--weights FILE] [--clip C] [--announce] [--step_sleep SECONDS]
 
 Writes the final weights to --weights (.npz) on the chief.
 """
@@ -14,6 +14,7 @@ import argparse
 import os
 import signal
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,6 +34,8 @@ p.add_argument("--weights", default="")
 p.add_argument("--clip", type=float, default=1.0)
 p.add_argument("--n", type=int, default=40)
 p.add_argument("--predict", default="")
+p.add_argument("--announce", action="store_true")  # print "STEP n" (flushed) as each step begins
+p.add_argument("--step_sleep", type=float, default=0.0)  # a slow run, to signal mid-way
 ns = p.parse_args()
 
 import tensorflow as tf  # noqa: E402
@@ -114,6 +117,12 @@ if ns.kill_in:
 
 
 class StopAt(TrainerCallback):
+    def on_step_begin(self, args, state, control, **kwargs):
+        if ns.announce:
+            print(f"STEP {state.global_step + 1}", flush=True)
+        if ns.step_sleep:
+            time.sleep(ns.step_sleep)
+
     def on_step_end(self, args, state, control, **kwargs):
         if ns.stop_at and state.global_step >= ns.stop_at:
             control.should_training_stop = True

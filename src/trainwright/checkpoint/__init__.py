@@ -1,6 +1,6 @@
 """Checkpoint folders: the Stateful parts a checkpoint holds (manager.py), atomic writes, discovery and
-rotation (folder.py), the manifest (verify.py), file formats (files.py, weights.py), RNG state, the
-output-dir lock, and `async_save`'s host snapshots and background writer (snapshot.py, async_writer.py).
+rotation (folder.py), the manifest (verify.py), file formats (files.py, weights.py), RNG state, and
+`async_save`'s host snapshots and background writer (snapshot.py, async_writer.py).
 The names callers use are re-exported here."""
 
 from trainwright.checkpoint.files import (

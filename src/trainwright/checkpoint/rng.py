@@ -2,10 +2,15 @@
 
 Public API (re-exported by `trainwright.checkpoint`):
 
-* `capture_rng_state() -> dict`: python `random`, numpy's global generator, torch CPU and every CUDA
-  device (when CUDA is in use), as tensors, ints, floats and strings only.
-* `restore_rng_state(state)`: the inverse; also accepts the layout transformers writes
-  (`random.getstate()` / `np.random.get_state()` tuples).
+* `capture_rng_state() -> dict`: python `random`, numpy's global generator, torch CPU and CUDA (when
+  CUDA is in use), in the layout transformers' `Trainer._save_rng_state` writes, so transformers'
+  `_load_rng_state` resumes from it: `{"python": random.getstate(), "numpy": (name, keys, pos,
+  has_gauss, cached), "cpu": tensor, "cuda": current device's tensor (one process) or every device's
+  (several)}`. numpy's key vector is a list of ints where upstream pickles an array
+  (`np.random.set_state` takes either), so the file is read with `weights_only=True` and no numpy
+  globals allowed.
+* `restore_rng_state(state)`: the inverse; also accepts transformers' files and the dict layout of
+  earlier trainwright releases.
 * `rng_state_file(directory, rank, world_size)`: `rng_state.pth`, or `rng_state_<rank>.pth` when
   `world_size > 1` (one file per global rank).
 * `save_rng_state(directory, rank=0, world_size=1) -> str` and
@@ -27,34 +32,23 @@ import torch
 
 from trainwright.checkpoint.files import RNG_STATE_NAME, CheckpointError, safe_torch_load, save_torch_state
 
-RNG_FORMAT = "trainwright-rng-1"
-
 
 def capture_rng_state() -> dict[str, Any]:
-    """This process's RNG state in a weights-only-safe dict."""
-    version, internal, gauss_next = random.getstate()
+    """This process's RNG state in transformers' layout, readable with `weights_only=True`."""
     numpy_state = np.random.get_state(legacy=True)
     assert isinstance(numpy_state, tuple)  # legacy=True and the global RandomState is an MT19937
     bit_generator, keys, pos, has_gauss, cached_gaussian = numpy_state
     state: dict[str, Any] = {
-        "format": RNG_FORMAT,
-        "python": {
-            "version": int(version),
-            "state": torch.tensor(internal, dtype=torch.int64),
-            "gauss_next": gauss_next,
-        },
-        "numpy": {
-            "bit_generator": str(bit_generator),
-            "keys": torch.from_numpy(keys.astype(np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached_gaussian),
-        },
+        "python": random.getstate(),
+        "numpy": (str(bit_generator), keys.tolist(), int(pos), int(has_gauss), float(cached_gaussian)),
         "cpu": torch.get_rng_state(),
     }
     # Only a CUDA that this process has used has state worth keeping; asking would initialise it.
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        # as upstream: every device's generator when distributed, else the current device's
+        several = torch.distributed.is_available() and torch.distributed.is_initialized()
+        several = several and torch.distributed.get_world_size() > 1
+        state["cuda"] = torch.cuda.get_rng_state_all() if several else torch.cuda.get_rng_state()
     return state
 
 
@@ -75,7 +69,7 @@ def _set_cuda_state(cuda: Any) -> None:
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
-    """Set every generator from `state` (ours, or transformers' layout)."""
+    """Set every generator from `state` (ours, transformers', or an earlier trainwright release's)."""
     if not isinstance(state, dict) or "cpu" not in state:
         raise ValueError("restore_rng_state: expected a dict from capture_rng_state() with a 'cpu' entry")
     py = state.get("python")

@@ -45,7 +45,13 @@ def _write_json(obj: dict, path: str) -> None:
 
 @dataclass
 class TrainerState:
-    """Counters and history of a training run; everything here is derived from the loop cursor."""
+    """Counters and history of a training run; everything here is derived from the loop cursor.
+
+    The fields are upstream's, so `trainer_state.json` is the file transformers writes and reads
+    (its `TrainerState(**json)` refuses any other key). trainwright's own counters are attributes,
+    not fields: `optimizer_step_attempts` (optimizer steps tried, fp16 steps the scaler skipped
+    included), kept in checkpoints through the loop cursor in `data_state.json`.
+    """
 
     epoch: float | None = 0
     global_step: int = 0
@@ -67,7 +73,8 @@ class TrainerState:
     trial_name: str | None = None
     trial_params: dict[str, Any] | None = None
     stateful_callbacks: dict[str, Any] = field(default_factory=dict)
-    optimizer_step_attempts: int = 0
+    # not annotated, so not a field: an attribute the loop sets per instance
+    optimizer_step_attempts = 0
 
     def __post_init__(self) -> None:
         if self.stateful_callbacks is None:
@@ -79,14 +86,19 @@ class TrainerState:
 
     @classmethod
     def load_from_json(cls, json_path: str) -> TrainerState:
-        """Read a state written by `save_to_json` (ours or transformers'); unknown keys are ignored."""
+        """Read a state written by `save_to_json` (ours, an earlier release's, or transformers');
+        unknown keys are ignored with a warning."""
         with open(json_path, encoding="utf-8") as f:
             data = json.load(f)
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(data) - known - set(_OWN_ATTRIBUTES))
         if unknown:
             warnings.warn(f"{json_path}: ignoring unknown TrainerState keys {unknown}", stacklevel=2)
-        return cls(**{k: v for k, v in data.items() if k in known})
+        state = cls(**{k: v for k, v in data.items() if k in known})
+        for name in _OWN_ATTRIBUTES:  # written into trainer_state.json by earlier releases
+            if name in data:
+                setattr(state, name, data[name])
+        return state
 
     def compute_steps(self, args: Any, max_steps: int) -> None:
         """Turn logging/eval/save steps given as a ratio (< 1) into absolute step counts."""
@@ -108,6 +120,10 @@ class TrainerState:
         if trial is not None and getattr(trainer, "hp_search_backend", None) is not None:
             # The search layer names the trial; the state only records it (no import upward).
             self.trial_name, self.trial_params = trainer._hp_trial_record(trial)
+
+
+# trainwright's attributes of TrainerState that earlier releases wrote into trainer_state.json
+_OWN_ATTRIBUTES = ("optimizer_step_attempts",)
 
 
 @dataclass

@@ -9,7 +9,6 @@ import contextlib
 import hashlib
 import itertools
 import random
-import signal
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -20,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from trainwright.data.kinds import is_iterable_dataset
+from trainwright.distributed.preemption import shield_worker
 
 
 def _derive_seed(*parts: int | str) -> int:
@@ -99,16 +99,16 @@ def _install_batch_seeding(dataset: Any) -> None:
 class _WorkerSetup:
     """worker_init_fn: the caller's (or trainwright.core.seed's) seeding, then per-batch seeding."""
 
-    def __init__(self, inner: Callable[[int], None] | None) -> None:
+    def __init__(self, inner: Callable[[int], None] | None, preemption_signals: Iterable[str] = ()) -> None:
         self.inner = inner
+        self.preemption_signals = tuple(preemption_signals)
 
     def __call__(self, worker_id: int) -> None:
-        # Ctrl-C reaches every process of the terminal's group. A worker that got it would stop
-        # (torch's worker loop exits on KeyboardInterrupt) and the step being finished before the
-        # preemption checkpoint could not get its batches; the main process decides, and stops
-        # its workers itself.
+        # Ctrl-C reaches every process of the terminal's group, and a scheduler's SIGTERM every
+        # process of the job's. A worker that died of it would fail the step being finished before
+        # the preemption checkpoint; the main process decides, and stops its workers itself.
         with contextlib.suppress(ValueError, AttributeError):
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            shield_worker(self.preemption_signals)
         if self.inner is not None:
             self.inner(worker_id)
         info = torch.utils.data.get_worker_info()
@@ -140,7 +140,8 @@ class EpochSeededDataLoader(DataLoader):
       :func:`skip_iterable` or the dataset's own ``state_dict``.
 
     The epoch is ``epoch_getter()`` when given, else the sampler's ``epoch``, else the last
-    ``set_epoch`` value.
+    ``set_epoch`` value. Workers ignore SIGINT and ``preemption_signals`` (SIGTERM from this
+    process still stops them): the main process saves on them and stops its workers itself.
     """
 
     def __init__(
@@ -151,6 +152,7 @@ class EpochSeededDataLoader(DataLoader):
         epoch_getter: Callable[[], int] | None = None,
         rank: int = 0,
         worker_init_fn: Callable[[int], None] | None = None,
+        preemption_signals: Iterable[str] = (),
         **kwargs: Any,
     ) -> None:
         if "generator" in kwargs:
@@ -160,7 +162,10 @@ class EpochSeededDataLoader(DataLoader):
         self._epoch_getter = epoch_getter
         self._epoch = 0
         super().__init__(
-            dataset, generator=torch.Generator(), worker_init_fn=_WorkerSetup(worker_init_fn), **kwargs
+            dataset,
+            generator=torch.Generator(),
+            worker_init_fn=_WorkerSetup(worker_init_fn, preemption_signals),
+            **kwargs,
         )
 
     @property
@@ -272,6 +277,7 @@ def make_dataloader(
         epoch_getter=epoch_getter,
         rank=rank if rank is not None else int(getattr(sampler, "rank", 0)),
         worker_init_fn=_default_worker_init() if workers > 0 else None,
+        preemption_signals=getattr(args, "preemption_signals", None) or (),
         batch_size=batch_size,
         sampler=sampler,
         collate_fn=collate_fn,

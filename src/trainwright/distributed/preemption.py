@@ -8,13 +8,20 @@ atomic anyway). A second SIGINT (Ctrl-C pressed again) raises KeyboardInterrupt 
 asked to abort without waiting; a checkpoint being written is then discarded (its temporary folder
 removed) and the previous one stays the newest. Handlers are installed for the duration of
 `train()` only, and only from the main thread (Python delivers signals there).
+
+DataLoader workers leave these signals to the main process (`shield_worker`, run in each worker):
+a scheduler (Slurm, systemd, Kubernetes) and torchrun signal the whole process group, and a worker
+that died of the signal would fail the step that has to finish before the checkpoint.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 import signal
 import threading
+from collections.abc import Iterable
 from types import FrameType
 from typing import Any
 
@@ -56,3 +63,35 @@ class PreemptionGuard:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()
+
+
+def shield_worker(signal_names: Iterable[str]) -> None:
+    """In a DataLoader worker: ignore SIGINT and the preemption signals `signal_names`.
+
+    The main process decides: it finishes the step (its workers still loading), saves, and shuts
+    its workers down. SIGTERM from the worker's own parent is still obeyed (torch's `terminate()` of
+    a worker that does not stop, which torch's handler answers by exiting): SIGTERM is then taken by a
+    thread that reads the sender (`sigwaitinfo`). Without `sigwaitinfo` (macOS) it is ignored.
+    """
+    wanted = {"SIGINT", *signal_names}
+    sigs = {signal.Signals[name] for name in wanted if hasattr(signal, name)}
+    by_sender = signal.SIGTERM in sigs and hasattr(signal, "sigwaitinfo")
+    for sig in sigs - ({signal.SIGTERM} if by_sender else set()):
+        signal.signal(sig, signal.SIG_IGN)
+    if by_sender:
+        parent = multiprocessing.parent_process()  # the loader's process, also under forkserver
+        # blocked here, in the worker's only thread, before the waiting thread inherits the mask
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        threading.Thread(
+            target=_sigterm_from_parent_only,
+            args=(parent.pid if parent is not None else os.getppid(),),
+            name="trainwright-worker-sigterm",
+            daemon=True,
+        ).start()
+
+
+def _sigterm_from_parent_only(parent_pid: int | None) -> None:
+    while True:
+        info = signal.sigwaitinfo({signal.SIGTERM})
+        if info.si_pid in (parent_pid, os.getppid()):
+            os._exit(0)  # as torch's worker handler does for its parent's SIGTERM

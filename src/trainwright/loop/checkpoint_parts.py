@@ -337,7 +337,6 @@ _RESUMED_STATE = (
     "best_global_step",
     "total_flos",
     "num_input_tokens_seen",
-    "optimizer_step_attempts",
     "stateful_callbacks",
     "trial_name",
     "trial_params",

@@ -190,6 +190,9 @@ class Checkpointer:
             logger.warning("save_only_model=True: resuming the weights of %s with a fresh optimizer.", path)
         self.manager.load(path, parts)
         cursor = self.run.cursor
+        self.trainer.state.optimizer_step_attempts = (
+            cursor.steps_attempted
+        )  # data_state.json's, not trainer_state's
         logger.info(
             "Resumed from %s at step %d (epoch %d, batch %d of it).",
             path,

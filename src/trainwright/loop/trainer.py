@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 from trainwright.args.training_args import TrainingArguments
-from trainwright.checkpoint.output_lock import claim_output_dir
 from trainwright.core.seed import set_seed
 from trainwright.core.state import TrainerState
 from trainwright.distributed.engine import load_weights
+from trainwright.distributed.output_lock import claim_output_dir
 from trainwright.loop import batch_size_finder, hub, prediction, resume
 from trainwright.loop.checkpoint_parts import callback_states, write_model
 from trainwright.loop.checkpointer import Checkpointer, load_rng_state, run_dir

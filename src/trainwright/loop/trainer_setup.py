@@ -25,12 +25,12 @@ from trainwright import data as data_utils
 from trainwright.args.training_args import TrainingArguments
 from trainwright.callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCallback
 from trainwright.callbacks.jit_checkpoint import jit_checkpoint_callbacks
-from trainwright.checkpoint.output_lock import create_output_dir
 from trainwright.core.enums import DebugOption
 from trainwright.core.events import CallbackHandler, TrainerCallback
 from trainwright.core.runtime import Runtime, get_runtime
 from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import TrainerControl, TrainerState
+from trainwright.distributed.output_lock import create_output_dir
 from trainwright.loop import dataloaders, hub
 from trainwright.loop.run import TrainingRun, empty_training_message
 from trainwright.modeling import debug_underflow, liger, neftune

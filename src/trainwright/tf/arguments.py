@@ -76,6 +76,8 @@ HONOURED = frozenset(
         "use_cpu",
         "no_cuda",
         "disable_tqdm",
+        "preemption_signals",
+        "enable_jit_checkpoint",
         # defaults that describe what TF does anyway (a non-default value is refused below)
         "save_safetensors",
         "dataloader_pin_memory",

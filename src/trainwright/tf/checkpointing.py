@@ -10,6 +10,7 @@ discovery are the PyTorch side's too. Nothing is pickled.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -27,6 +28,9 @@ from trainwright.checkpoint import (
     write_checkpoint,
     write_json,
 )
+from trainwright.core.state import TrainerState
+
+logger = logging.getLogger(__name__)
 
 TF_CHECKPOINT_PREFIX = "tf_checkpoint"
 
@@ -103,3 +107,35 @@ def restore(path: str, model: Any, optimizer: Any = None) -> None:
 
 def read_data_state(path: str) -> dict[str, Any]:
     return read_json(os.path.join(path, DATA_STATE_NAME))
+
+
+def resume(trainer: Any, path: str) -> tuple[int, int]:
+    """Load checkpoint folder `path` into a TFTrainer (variables, state, loss window); returns the
+    (epoch, batch in the epoch) to continue from."""
+    check(path)
+    data = read_data_state(path)
+    if data.get("has_optimizer") is False:
+        raise ValueError(
+            f"{path} was saved with save_only_model=True: it holds no optimizer state to resume from"
+        )
+    restore(path, trainer.model, trainer.optimizer)
+    if data.get("step_batch") != trainer._step_batch():
+        raise ValueError(
+            f"{path} was written with {data.get('step_batch')} samples per step; this run has "
+            f"{trainer._step_batch()} (batch size x accumulation x replicas must match to resume)"
+        )
+    trainer.state = TrainerState.load_from_json(os.path.join(path, TRAINER_STATE_NAME))
+    trainer.global_step = trainer.state.global_step
+    trainer.epoch_logging = float(trainer.state.epoch or 0.0)
+    trainer._loss_window = [tf.constant(v, tf.float32) for v in data["loss_window"]]
+    trainer._loss_logged_total = float(data["loss_logged_total"])
+    steps = int(trainer.optimizer.iterations.numpy())
+    if steps != trainer.global_step:
+        raise ValueError(f"{path}: the optimizer made {steps} steps, the state says {trainer.global_step}")
+    # A save at an epoch's last batch resumes into that epoch with nothing left to read, so the
+    # epoch's end events still fire, as they did in the run that saved.
+    epoch, batch = int(data["epoch"]), int(data["batch_in_epoch"])
+    if trainer.args.ignore_data_skip:
+        batch = 0
+    logger.info("resuming from %s at step %d (epoch %d, batch %d)", path, trainer.global_step, epoch, batch)
+    return epoch, batch

@@ -25,6 +25,7 @@ from trainwright.callbacks import DefaultFlowCallback, ProgressCallback
 from trainwright.checkpoint import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
 from trainwright.core.events import CallbackHandler, TrainerCallback
 from trainwright.core.state import TrainerControl, TrainerState, metric_improves
+from trainwright.distributed.preemption import PreemptionGuard
 from trainwright.observe.metrics import (
     EvalPrediction,
     PredictionOutput,
@@ -39,6 +40,7 @@ from trainwright.reporters.base import env_choice
 from trainwright.tf import checkpointing
 from trainwright.tf.arguments import TFTrainingArguments
 from trainwright.tf.data import epoch_order, known_length, split_element
+from trainwright.tf.guard import guarded_train, preempted
 from trainwright.tf.reporting import TFTensorBoardCallback
 from trainwright.tf.schedule import TabulatedSchedule, make_optimizer, make_schedule
 from trainwright.tf.steps import make_eval_function, make_train_function
@@ -125,6 +127,7 @@ class TFTrainer:
         self._loss_window: list[tf.Tensor] = []
         self._loss_logged_total = 0.0
         self._last_norm: tf.Tensor | None = None
+        self._preemption: PreemptionGuard | None = None  # set while train() runs
         if args.full_determinism:
             tf.config.experimental.enable_op_determinism()
         keras.utils.set_random_seed(args.seed)
@@ -292,7 +295,11 @@ class TFTrainer:
 
     def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainOutput:
         """Train; `resume_from_checkpoint=True` continues from the newest complete checkpoint in
-        `output_dir`, a path from that checkpoint."""
+        `output_dir`, a path from that checkpoint. As `Trainer.train`: `output_dir` is locked for
+        the call, and a preemption signal saves a checkpoint at the end of the step and exits 0."""
+        return guarded_train(self, lambda: self._train(resume_from_checkpoint))
+
+    def _train(self, resume_from_checkpoint: str | bool | None) -> TrainOutput:
         args = self.args
         self._build_model(self.train_dataset)
         self._check_placement()
@@ -319,7 +326,7 @@ class TFTrainer:
         self.global_step, self.epoch_logging = 0, 0.0
         checkpoint = self._resume_path(resume_from_checkpoint)
         if checkpoint is not None:  # counters, history and best model from the checkpoint
-            epoch, skip = self._load_checkpoint(checkpoint, steps_per_epoch)
+            epoch, skip = checkpointing.resume(self, checkpoint)
         # this run's length and intervals (a resumed run may be given more steps)
         self.state.train_batch_size = args.train_batch_size
         self.state.compute_steps(args, max_steps)
@@ -332,7 +339,7 @@ class TFTrainer:
         if args.eval_on_start and self.eval_dataset is not None:
             self.evaluate()
         start = time.time()
-        samples = 0
+        samples, stopped = 0, False
         while epoch < epochs and not self.control.should_training_stop:
             self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
             for batch_index, element in enumerate(self.get_train_tfdataset(epoch, skip), start=skip):
@@ -346,14 +353,18 @@ class TFTrainer:
                 self.epoch_logging = epoch + (batch_index + 1) / steps_per_epoch
                 self._sync_state()
                 self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+                if preempted(self):  # save at this step's end, then stop (the epoch has not ended)
+                    self.control.should_save = self.control.should_training_stop = stopped = True
                 self._maybe_log_save_evaluate(epoch, batch_index + 1)
                 if self.control.should_training_stop or self.control.should_epoch_stop:
                     break
+            if stopped:
+                break
             epoch, skip = epoch + 1, 0
             self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
             self._maybe_log_save_evaluate(epoch, 0)
         runtime = time.time() - start
-        if args.load_best_model_at_end and self.state.best_model_checkpoint:
+        if args.load_best_model_at_end and self.state.best_model_checkpoint and not stopped:
             checkpointing.restore(self.state.best_model_checkpoint, self.model)
         steps = self.global_step - start_step
         unlogged = sum(float(x) for x in self._loss_window)
@@ -413,36 +424,6 @@ class TFTrainer:
                 raise ValueError(f"resume_from_checkpoint=True: no complete checkpoint in {self._output_dir}")
             return found
         return os.fspath(resume)
-
-    def _load_checkpoint(self, path: str, steps_per_epoch: int) -> tuple[int, int]:
-        checkpointing.check(path)
-        if checkpointing.read_data_state(path).get("has_optimizer") is False:
-            raise ValueError(
-                f"{path} was saved with save_only_model=True: it holds no optimizer state to resume from"
-            )
-        checkpointing.restore(path, self.model, self.optimizer)
-        data = checkpointing.read_data_state(path)
-        if data.get("step_batch") != self._step_batch():
-            raise ValueError(
-                f"{path} was written with {data.get('step_batch')} samples per step; this run has "
-                f"{self._step_batch()} (batch size x accumulation x replicas must match to resume)"
-            )
-        self.state = TrainerState.load_from_json(os.path.join(path, checkpointing.TRAINER_STATE_NAME))
-        self.global_step = self.state.global_step
-        self.epoch_logging = float(self.state.epoch or 0.0)
-        self._loss_window = [tf.constant(v, tf.float32) for v in data["loss_window"]]
-        self._loss_logged_total = float(data["loss_logged_total"])
-        if int(self.optimizer.iterations.numpy()) != self.global_step:
-            raise ValueError(
-                f"{path}: the optimizer made {int(self.optimizer.iterations.numpy())} steps, the state says {self.global_step}"
-            )
-        # A save at an epoch's last batch resumes into that epoch with nothing left to read, so the
-        # epoch's end events still fire, as they did in the run that saved.
-        epoch, batch = int(data["epoch"]), int(data["batch_in_epoch"])
-        if self.args.ignore_data_skip:
-            batch = 0
-        logger.info("resuming from %s at step %d (epoch %d, batch %d)", path, self.global_step, epoch, batch)
-        return epoch, batch
 
     def _save_checkpoint(self, epoch: int, batch_in_epoch: int, metrics: dict[str, float] | None) -> None:
         args = self.args
