@@ -4,7 +4,7 @@
 
 A small MLP on a fixed dataset. It prints, flushed, one line per event the parent waits for:
 `STARTED <pid>` (train() began: the output_dir lock is held), `STEP <n>` (a step begins),
-`EVAL_BATCH <n>` (an evaluation batch was predicted), `IN_SAVE <step>` (inside a checkpoint's write),
+`EVAL_BATCH <n>` (an evaluation batch was predicted), `EVALUATED <step>`, `SAVED <step>` (on_save), `IN_SAVE <step>` (inside a checkpoint's write),
 `DONE <global_step>` (train() returned). Options:
 
 - `step_sleep`: seconds each training step sleeps (a slow job to signal or to compete with);
@@ -14,6 +14,7 @@ A small MLP on a fixed dataset. It prints, flushed, one line per event the paren
 - `workers`: dataloader workers (`mp_context`: their start method; `persistent`: persistent workers);
   `train_item_sleep`: seconds each training item takes to load (the main process then mostly waits for
   a worker); `augment`: each item draws noise from the worker's global torch RNG;
+- `eval_augment`: each evaluation item draws noise from the global torch RNG too; `save_strategy`;
 - `dropout`, `async_save`, `resume` (`resume_from_checkpoint`), `final` (a folder: `save_model` there
   after training);
 - `use_cpu` (default true; false: the accelerator, pinned memory with workers);
@@ -77,6 +78,12 @@ class Report(TrainerCallback):
         if self.step_sleep:
             time.sleep(self.step_sleep)
 
+    def on_save(self, args, state, control, **kw):
+        print(f"SAVED {state.global_step}", flush=True)
+
+    def on_evaluate(self, args, state, control, metrics=None, **kw):
+        print(f"EVALUATED {state.global_step}", flush=True)
+
     def on_prediction_step(self, args, state, control, **kw):
         self.eval_batches += 1
         print(f"EVAL_BATCH {self.eval_batches}", flush=True)
@@ -120,6 +127,7 @@ def main(cfg: dict) -> None:
         per_device_train_batch_size=4,
         per_device_eval_batch_size=1,
         max_steps=cfg.get("max_steps", 50),
+        save_strategy=cfg.get("save_strategy", "steps"),
         save_steps=cfg.get("save_steps", 1000),
         logging_steps=1,
         eval_strategy="steps" if eval_items else "no",
@@ -139,7 +147,9 @@ def main(cfg: dict) -> None:
         model=Net(cfg.get("dropout", 0.0)),
         args=args,
         train_dataset=Data(64, cfg.get("train_item_sleep", 0.0), cfg.get("augment", False)),
-        eval_dataset=Data(eval_items, cfg.get("eval_item_sleep", 0.0)) if eval_items else None,
+        eval_dataset=Data(eval_items, cfg.get("eval_item_sleep", 0.0), cfg.get("eval_augment", False))
+        if eval_items
+        else None,
         callbacks=[Report(cfg.get("step_sleep", 0.0))],
     )
     out = trainer.train(resume_from_checkpoint=cfg.get("resume"))

@@ -528,6 +528,55 @@ def test_sigterm_during_a_long_evaluation_stops_it_at_the_next_batch(tmp_path, j
     assert not any("eval_loss" in row for row in state["log_history"])  # no partial metrics recorded
 
 
+def _weights_of(folder: str) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(os.path.join(folder, "model.safetensors"))
+
+
+def test_sigterm_during_an_evaluation_saves_once_and_the_resume_evaluates_it_first(tmp_path, jobs):
+    """The evaluation cut short by SIGTERM is neither run again nor saved twice in that process;
+    what it drew from the random streams goes back before the checkpoint is written, and the
+    resumed run evaluates that step first: it ends with the weights of a run never stopped, with
+    the same evaluations (dropout in training, and evaluation items that draw random noise)."""
+    common = {"eval_items": 8, "eval_steps": 2, "eval_augment": True, "dropout": 0.3, "max_steps": 6}
+    whole = jobs({**common, "output_dir": str(tmp_path / "whole"), "final": str(tmp_path / "whole_final")})
+    code, whole_out, err = whole.finish()
+    assert code == 0, err[-3000:]
+
+    out = str(tmp_path / "out")
+    job = jobs({**common, "output_dir": out, "eval_item_sleep": 0.25})
+    job.wait_for("EVAL_BATCH 1")
+    job.proc.send_signal(signal.SIGTERM)
+    code, stdout, stderr = job.finish()
+    assert code == 0, stderr[-3000:]
+    assert [line for line in stdout.splitlines() if line.startswith("SAVED")] == ["SAVED 2"]
+    assert "EVALUATED" not in stdout and "a resume evaluates it first" in stderr
+    assert sorted(os.listdir(out)) == ["checkpoint-2"]
+
+    final = str(tmp_path / "resumed_final")
+    resumed = jobs({**common, "output_dir": out, "resume": os.path.join(out, "checkpoint-2"), "final": final})
+    code, resumed_out, err = resumed.finish()
+    assert code == 0, err[-3000:]
+    evaluated = [line for line in resumed_out.splitlines() if line.startswith("EVALUATED")]
+    assert evaluated == ["EVALUATED 2", "EVALUATED 4", "EVALUATED 6"]
+    whole_weights, resumed_weights = _weights_of(str(tmp_path / "whole_final")), _weights_of(final)
+    assert all(torch.equal(whole_weights[k], resumed_weights[k]) for k in whole_weights)
+
+
+def test_sigterm_mid_epoch_with_epoch_saves_writes_its_checkpoint_once(tmp_path, jobs):
+    """A preemption mid-epoch saves that step; the epoch's end events then fire (as upstream's loop
+    does when it stops) and ask for the epoch's save of the same step: it is not written again."""
+    out = str(tmp_path / "out")
+    job = jobs({"output_dir": out, "max_steps": 100, "save_strategy": "epoch", "step_sleep": 0.2})
+    job.wait_for("STEP 3")
+    job.proc.send_signal(signal.SIGTERM)
+    code, stdout, stderr = job.finish()
+    assert code == 0, stderr[-3000:]
+    saved = [line for line in stdout.splitlines() if line.startswith("SAVED")]
+    assert len(saved) == 1 and sorted(os.listdir(out)) == [f"checkpoint-{saved[0].split()[1]}"]
+
+
 # ---------------------------------------------------- 10 with torchrun: only the writer locks, all ranks stop
 
 

@@ -253,6 +253,7 @@ class DataState:
             "dataset_length": len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None,
             "seed": args.data_seed if args.data_seed is not None else args.seed,
             "loss_windows": self.loss_windows,
+            "evaluation_pending": run.evaluation_pending,
             **{k: getattr(args, k) for k in resume.POSITION_ARGS},
         }
         sampler: Any = getattr(run.dataloader, "sampler", None)
@@ -281,6 +282,7 @@ class DataState:
             resume.rescale_position(cursor, state_dict, world_size, args.per_device_train_batch_size)
             resume.keep_saved_data_order(args, world_size, run.dataloader, state_dict, self.folder)
         run.cursor = cursor
+        run.evaluation_pending = bool(state_dict.get("evaluation_pending"))
         dataset: Any = getattr(run.dataloader, "dataset", None)
         if "dataset_state" in state_dict and hasattr(dataset, "load_state_dict"):
             dataset.load_state_dict(state_dict["dataset_state"])

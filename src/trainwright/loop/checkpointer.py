@@ -76,6 +76,11 @@ class Checkpointer:
         self.writer: AsyncCheckpointWriter | None = None  # made at the first background save
         self._collectives: GroupCollectives | None = None  # its process group, with several processes
         self._said: set[str] = set()
+        self._last_step: int | None = None  # the step of this run's last checkpoint
+
+    def wrote(self, step: int) -> bool:
+        """Whether this run already wrote the checkpoint of `step`."""
+        return self._last_step == step
 
     # -- saving --------------------------------------------------------------------------------
     def save(self) -> str | None:
@@ -90,6 +95,7 @@ class Checkpointer:
             if state.best_global_step == state.global_step or os.path.isdir(best):
                 state.best_model_checkpoint = best
         parts = build_parts(self.trainer, self.run, main=self.main)
+        self._last_step = state.global_step
         rotation = {
             "save_total_limit": self.args.save_total_limit,
             "best_checkpoint": state.best_model_checkpoint,

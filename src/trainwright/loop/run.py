@@ -74,6 +74,7 @@ class TrainingRun:
         self.samples_at_start = self.tokens_at_start = self.input_tokens_at_start = 0
         self.iterable_restored = False  # an iterable dataset's own state came back: skip nothing
         self.eval_stops_on_preemption = False  # True while the loop's own evaluation runs
+        self.evaluation_pending = False  # a preemption cut the last evaluation short (resume runs it)
         self.custom_lse = False  # a subclass overrides _maybe_log_save_evaluate: called every step
         self.metric_scheduler = False  # the scheduler steps on the evaluation metric, not per step
         self.optimizer_train: Callable[[], Any] | None = None  # schedule-free: back to training weights

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from trainwright.args.training_args import TrainingArguments
+from trainwright.checkpoint.rng import capture_rng_state, restore_rng_state
 from trainwright.core.seed import set_seed
 from trainwright.core.state import TrainerState
 from trainwright.distributed.engine import load_weights
@@ -111,6 +112,9 @@ class Trainer(TrainerAPI):
                 self._determine_best_metric(
                     self._evaluate(trial, ignore_keys_for_eval, skip_scheduler=True), trial
                 )
+            if run.evaluation_pending and args.eval_strategy != "no":  # cut short by a preemption: now
+                self._evaluate_during_training(run, trial, ignore_keys_for_eval)
+                self.control.should_save = False  # this step's checkpoint is the one resumed
             for epoch in range(run.cursor.epoch, run.epochs):
                 if self.state.global_step >= run.max_steps:
                     break
@@ -366,20 +370,32 @@ class Trainer(TrainerAPI):
             self._fold_loss_window()  # bounded window and data_state.json without logging
         if self.control.should_evaluate:
             self._evaluate_during_training(run, trial, ignore_keys_for_eval)
+        if self.control.should_save and run.checkpointer.wrote(self.state.global_step):
+            self.control.should_save = False  # written at this step already (a preempted epoch's end)
         if self.control.should_save:
             self._save_checkpoint(model, trial)
             run.checkpointer.saved()  # on_save now, or once a background write is durable
 
     def _evaluate_during_training(self, run: TrainingRun, trial: Any, ignore_keys_for_eval: Any) -> None:
         run.eval_stops_on_preemption = True  # a preemption stops it at its next batch
+        rng = capture_rng_state()  # what a checkpoint holds if a preemption cuts the evaluation short
         try:
             metrics = self._evaluate(trial, ignore_keys_for_eval)
         except prediction.EvaluationPreempted as stopped:
+            # As if it never started: the random streams it drew from go back, and the resumed run
+            # runs it first, so the resume stays exact and no metric is lost.
             metrics = None
-            logger.warning("%s: no evaluation metrics for step %d.", stopped, self.state.global_step)
+            restore_rng_state(rng)
+            run.evaluation_pending, self.control.should_evaluate = True, False
+            logger.warning(
+                "%s: no evaluation metrics for step %d yet; a resume evaluates it first.",
+                stopped,
+                self.state.global_step,
+            )
         finally:
             run.eval_stops_on_preemption = False
         if metrics is not None:
+            run.evaluation_pending = False
             is_new_best = self._determine_best_metric(metrics=metrics, trial=trial)
             if self.args.save_strategy == "best":
                 self.control.should_save = is_new_best
