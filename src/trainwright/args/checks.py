@@ -12,6 +12,8 @@ import os
 from enum import Enum
 from typing import Any
 
+from trainwright.core.files import JSONFileError, read_json_object
+
 LOG_LEVELS = {
     "detail": logging.DEBUG,
     "debug": logging.DEBUG,
@@ -115,10 +117,6 @@ def dict_from_string(args: Any, name: str, text: str) -> dict[str, Any] | str:
     if name == "deepspeed":
         return path  # DeepSpeed reads its own config file
     try:
-        with open(path, encoding="utf-8") as f:
-            parsed = json.load(f)
-    except json.JSONDecodeError as e:
-        raise invalid(args, name, f"{path} is not valid JSON ({e.msg})") from None
-    if not isinstance(parsed, dict):
-        raise invalid(args, name, f"{path} must hold a JSON object")
-    return parsed
+        return read_json_object(path)
+    except JSONFileError as e:
+        raise invalid(args, name, str(e)) from None

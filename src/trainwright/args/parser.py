@@ -29,6 +29,8 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from trainwright.core.files import read_json_object
+
 __all__ = ["HfArg", "HfArgumentParser", "string_to_bool"]
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
@@ -196,12 +198,13 @@ def _load_mapping(path: str | os.PathLike[str], fmt: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"config file not found: {p}")
-    text = p.read_text(encoding="utf-8")
+    if fmt == "json":
+        return read_json_object(p)
     try:
-        data = json.loads(text) if fmt == "json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise ValueError(f"{p}: not valid {fmt.upper()}: {e}") from e
-    if data is None and fmt == "yaml":
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ValueError(f"{p}: not valid YAML: {e}") from e
+    if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ValueError(f"{p}: expected a mapping of field names to values, got {type(data).__name__}")

@@ -37,6 +37,7 @@ from trainwright.checkpoint.files import (
     CheckpointError,
     CheckpointFileNotFoundError,
     file_missing,
+    honour_umask,
     make_durable,
     read_json,
     safe_torch_load,
@@ -181,6 +182,7 @@ def _save_state_dict(state_dict: Mapping[str, Any], directory: str, max_bytes: i
         with writing_file(path):
             save_file({k: tensors[k] for k in keys}, path, metadata=metadata)
             _sort_metadata(path)
+            honour_umask(path)  # safetensors writes through a temporary file of mode 0600
         make_durable(path)
     written = list(names)
     if len(shards) > 1:
@@ -218,6 +220,10 @@ def save_model_weights(
 
         with deepspeed_left_unimported():  # accelerate would import it (seconds, a warning) to unwrap
             model.save_pretrained(directory, max_shard_size=max_bytes, **kwargs)
+        if is_main_process:  # its safetensors files come out 0600 (written through a temporary file)
+            for entry in os.listdir(directory):
+                if entry.endswith(".safetensors"):
+                    honour_umask(os.path.join(directory, entry))
         return
     if not is_main_process:
         return
