@@ -35,7 +35,7 @@ from trainwright.modeling.loss import (
     items_in_batch,
 )
 from trainwright.modeling.past_state import PastState
-from trainwright.observe.flops import non_embedding_parameters
+from trainwright.observe import flops, host
 from trainwright.observe.metrics import (
     TrainOutput,
     speed_metrics,
@@ -200,10 +200,10 @@ class Trainer(TrainerAPI):
         )
         # an overridden floating_point_ops is called every micro-batch, as upstream
         self._log_flops_and_tokens = self._wants_flops() or self._overrides("floating_point_ops")
-        self._flops_per_token = 6 * non_embedding_parameters(self.model)
+        self._flops_per_token = 6 * flops.non_embedding_parameters(self.model)
         logger.info(
             "***** Running training *****  examples/epoch=%s  epochs=%s  batch/device=%s  accumulation=%s  "
-            "processes=%s  optimizer steps=%s  trainable parameters=%s",
+            "processes=%s  optimizer steps=%s  trainable parameters=%s  %s",
             num_examples if steps_in_epoch else "?",
             num_train_epochs,
             args.per_device_train_batch_size,
@@ -211,6 +211,7 @@ class Trainer(TrainerAPI):
             runtime.world_size,
             max_steps,
             self.get_num_trainable_parameters(),
+            host.threads_and_load(),
         )
         self.optimizer.zero_grad(set_to_none=True)
         start_time = self._start_time = time.time()
