@@ -23,7 +23,7 @@ import numbers
 import os
 from typing import Any, TypeGuard
 
-from trainwright.core.files import JSONFileError, read_json_object
+from trainwright.core.files import read_json_object
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def plot_run(output_dir: str) -> list[str]:
 def load_log_history(output_dir: str) -> list[dict[str, Any]]:
     """The `log_history` rows of `output_dir/trainer_state.json`, with a clear error when unreadable."""
     if not os.path.isdir(output_dir):
-        raise FileNotFoundError(f"trainwright plot: {output_dir} is not a folder.")
+        raise FileNotFoundError(f"{output_dir} is not a folder.")
     path = os.path.join(output_dir, STATE_FILE)
     if not os.path.isfile(path):
         checkpoints = sorted(
@@ -86,14 +86,11 @@ def load_log_history(output_dir: str) -> list[dict[str, Any]]:
             if checkpoints
             else " Trainer.save_state() writes it."
         )
-        raise FileNotFoundError(f"trainwright plot: {path} does not exist.{hint}")
-    try:
-        state = read_json_object(path)
-    except JSONFileError as e:
-        raise JSONFileError(f"trainwright plot: {e}") from None
+        raise FileNotFoundError(f"{path} does not exist.{hint}")
+    state = read_json_object(path)
     history = state.get("log_history")
     if not isinstance(history, list) or not all(isinstance(row, dict) for row in history):
-        raise ValueError(f"trainwright plot: {path} has no 'log_history' list of log rows.")
+        raise ValueError(f"{path} has no 'log_history' list of log rows.")
     return history
 
 

@@ -276,8 +276,7 @@ class HfArgumentParser(argparse.ArgumentParser):
     def _add_dataclass_arguments(self, dtype: type) -> None:
         if not (isinstance(dtype, type) and dataclasses.is_dataclass(dtype)):
             raise TypeError(f"HfArgumentParser expects dataclass types, got {dtype!r}")
-        group_name = getattr(dtype, "_argument_group_name", None)
-        container = self.add_argument_group(group_name) if group_name else self
+        container = self._argument_container(dtype)
         try:
             hints = typing.get_type_hints(dtype)
         except (NameError, TypeError, AttributeError) as e:
@@ -288,6 +287,11 @@ class HfArgumentParser(argparse.ArgumentParser):
         for f in dataclasses.fields(dtype):
             if f.init:
                 self._add_field_argument(container, dtype, f, hints[f.name])
+
+    def _argument_container(self, dtype: type) -> argparse._ActionsContainer:
+        """Where `dtype`'s options go: a group titled by its `_argument_group_name`, else the parser."""
+        group_name = getattr(dtype, "_argument_group_name", None)
+        return self.add_argument_group(group_name) if group_name else self
 
     def _add_field_argument(
         self, container: argparse._ActionsContainer, dtype: type, f: dataclasses.Field, hint: Any
