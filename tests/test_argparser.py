@@ -582,7 +582,7 @@ def test_parse_json_file(tmp_path):
         HfArgumentParser(Train).parse_json_file(path)
     assert HfArgumentParser(Train).parse_json_file(path, allow_extra_keys=True)[0].epochs == 4
     path.write_text("{oops")
-    with pytest.raises(ValueError, match=r"a\.json: not valid JSON"):
+    with pytest.raises(ValueError, match=r"a\.json is not valid JSON"):
         HfArgumentParser(Train).parse_json_file(path)
 
 

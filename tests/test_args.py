@@ -704,10 +704,10 @@ def test_from_dict_rejects_unknown_keys(tmp_path):
         TrainingArguments.from_dict(d)
     bad = tmp_path / "args.json"
     bad.write_text("{not json")
-    with pytest.raises(ValueError, match="args.json: not valid JSON"):
+    with pytest.raises(ValueError, match="args.json is not valid JSON"):
         TrainingArguments.from_json_file(bad)
     bad.write_text("[1]")
-    with pytest.raises(ValueError, match="expected a JSON object"):
+    with pytest.raises(ValueError, match="args.json must hold a JSON object, found list"):
         TrainingArguments.from_json_file(bad)
 
 

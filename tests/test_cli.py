@@ -91,3 +91,100 @@ def test_train_command_reports_a_missing_file(tmp_path):
                 "--use_cpu",
             ]
         )
+
+
+# -- user errors: one line and exit 2; bugs (or --debug): a traceback ------------------------------
+
+
+def _trainwright(*argv, cwd=None, code: str | None = None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-c", code] if code else [sys.executable, "-m", "trainwright"]
+    return subprocess.run(
+        [*command, *argv], capture_output=True, text=True, timeout=300, cwd=cwd, env={**os.environ}
+    )
+
+
+def _config(tmp_path, **values) -> str:
+    (tmp_path / "train.txt").write_text("the quick brown fox jumps over the lazy dog. " * 50)
+    config = {
+        "model_config": {"n_layer": 1, "n_embd": 16, "n_head": 2},
+        "train_file": str(tmp_path / "train.txt"),
+        "block_size": 16,
+        "output_dir": str(tmp_path / "run"),
+        "max_steps": 2,
+        "report_to": "none",
+        **values,
+    }
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def _one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("trainwright train: error: ")]
+    assert len(errors) == 1, proc.stderr
+    for needle in needles:
+        assert needle in errors[0]
+    return errors[0]
+
+
+def test_a_misspelled_config_key_is_one_line_naming_it(tmp_path):
+    proc = _trainwright("train", _config(tmp_path, learnin_rate=0.1))
+    _one_error_line(proc, "learnin_rate", "'learning_rate'?", "run.yaml")
+
+
+def test_an_invalid_value_is_one_line_naming_the_field(tmp_path):
+    proc = _trainwright("train", _config(tmp_path), "--learning_rate", "-1")
+    _one_error_line(proc, "learning_rate=-1.0 is invalid")
+
+
+def test_a_missing_data_file_is_one_line_naming_it(tmp_path):
+    proc = _trainwright("train", _config(tmp_path, train_file=str(tmp_path / "nope.txt")))
+    _one_error_line(proc, "nope.txt")
+    proc = _trainwright("train", str(tmp_path / "missing.yaml"))
+    _one_error_line(proc, "config file not found", "missing.yaml")
+
+
+def test_debug_shows_the_traceback_of_a_user_error(tmp_path):
+    proc = _trainwright("--debug", "train", _config(tmp_path, train_file=str(tmp_path / "nope.txt")))
+    assert proc.returncode == 1
+    assert "Traceback" in proc.stderr and "FileNotFoundError" in proc.stderr and "nope.txt" in proc.stderr
+
+
+def test_a_bug_keeps_its_traceback(tmp_path):
+    code = (
+        "import sys\n"
+        "import trainwright.app.cli as cli\n"
+        "def broken(rest):\n"
+        "    raise AttributeError('a bug in trainwright')\n"
+        "cli.COMMANDS['train'] = broken\n"
+        "raise SystemExit(cli.main(sys.argv[1:]))\n"
+    )
+    proc = _trainwright("train", "x.yaml", code=code)
+    assert proc.returncode == 1
+    assert "Traceback" in proc.stderr and "AttributeError: a bug in trainwright" in proc.stderr
+
+
+def test_plot_of_a_missing_folder_is_one_line(tmp_path):
+    proc = _trainwright("plot", str(tmp_path / "nope"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"trainwright plot: error: {tmp_path / 'nope'} is not a folder."
+    ]
+
+
+def test_train_help_shows_the_config_keys_first():
+    proc = _trainwright("train", "--help")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "usage: trainwright train CONFIG.yaml|json [--KEY VALUE ...]"
+    text = proc.stdout
+    keys = text.index("config keys (docs/train_config.md")
+    groups = [
+        text.index(title)
+        for title in ("model (config keys):", "data (config keys):", "training (config keys")
+    ]
+    assert keys < groups[0] < groups[1] < groups[2] < text.index("--learning_rate")
+    for key in ("model_type", "model_config", "train_file", "validation_file", "block_size"):
+        assert text.index(key) < groups[0]  # named in the summary at the top

@@ -121,13 +121,18 @@ def test_early_stopping_is_not_frozen_by_a_nan_best():
 
 
 def test_an_empty_training_set_is_refused_before_training(make_args):
-    with pytest.raises(ValueError, match="train_dataset .* has 0 samples"):
+    with pytest.raises(ValueError, match="train_dataset .* has 0 samples") as empty:
         Trainer(model=RegressionModel(), args=make_args(), train_dataset=RegressionDataset(length=0)).train()
+    # drop_last is already False: only more samples can help
+    assert str(empty.value).endswith("dataloader_drop_last=False. Give it more samples.")
     args = make_args(per_device_train_batch_size=8, dataloader_drop_last=True)
     with pytest.raises(
         ValueError, match="has 1 samples, per_device_train_batch_size=8.*dataloader_drop_last=True"
-    ):
+    ) as dropped:
         Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=1)).train()
+    assert str(dropped.value).endswith(
+        "Give it more samples or a smaller per_device_train_batch_size or dataloader_drop_last=False."
+    )
 
 
 def test_an_iterable_that_yields_nothing_is_refused(make_args):
@@ -135,8 +140,53 @@ def test_an_iterable_that_yields_nothing_is_refused(make_args):
         def __iter__(self):
             return iter([])
 
-    with pytest.raises(ValueError, match="gives no batch"):
+    with pytest.raises(ValueError, match="gives no batch") as e:
         Trainer(model=RegressionModel(), args=make_args(max_steps=5), train_dataset=Nothing()).train()
+    assert "train_dataset (Nothing, an iterable) yielded no sample" in str(e.value)
+    assert "? samples" not in str(e.value)
+
+
+def test_an_empty_eval_set_warns_and_a_best_metric_on_it_names_it(make_args, caplog):
+    trainer = Trainer(model=RegressionModel(), args=make_args(), eval_dataset=RegressionDataset(length=0))
+    with caplog.at_level(logging.WARNING, logger="trainwright"):
+        metrics = trainer.evaluate()
+    assert "eval_loss" not in metrics  # as upstream: timings only
+    assert any(
+        "eval_dataset (RegressionDataset) gave no samples" in r.getMessage()
+        and "no eval_loss" in r.getMessage()
+        for r in caplog.records
+    )
+    args = make_args(
+        max_steps=4,
+        eval_strategy="steps",
+        eval_steps=2,
+        save_strategy="steps",
+        save_steps=2,
+        metric_for_best_model="eval_loss",
+    )
+    trainer = Trainer(
+        model=RegressionModel(),
+        args=args,
+        train_dataset=RegressionDataset(),
+        eval_dataset=RegressionDataset(length=0),
+    )
+    with pytest.raises(
+        ValueError, match=r"eval_dataset \(RegressionDataset\) gave no samples.*'eval_loss' at step 2"
+    ):
+        trainer.train()
+
+
+def test_a_number_given_as_a_string_says_so_and_gives_the_number():
+    with pytest.raises(
+        ValueError, match=r"learning_rate='1e-4' is invalid: it is a string, not a number: .*=0\.0001$"
+    ):
+        TrainingArguments(output_dir="x", learning_rate="1e-4")
+    with pytest.raises(ValueError, match=r"save_steps='500' is invalid: it is a string.*save_steps=500$"):
+        TrainingArguments(output_dir="x", save_steps="500")
+    with pytest.raises(ValueError, match=r"max_steps='1.5' is invalid: expected an integer"):
+        TrainingArguments(output_dir="x", max_steps="1.5")  # not an int: no number to offer
+    with pytest.raises(ValueError, match=r"max_grad_norm='x' is invalid: expected a finite number"):
+        TrainingArguments(output_dir="x", max_grad_norm="x")
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 
@@ -145,7 +146,7 @@ def test_missing_state_file_names_the_file_and_the_newest_checkpoint(tmp_path):
 
 def test_corrupt_state_file_is_a_clear_error(tmp_path):
     (tmp_path / "trainer_state.json").write_text("{not json")
-    with pytest.raises(ValueError, match="trainer_state.json is not readable JSON"):
+    with pytest.raises(ValueError, match="trainer_state.json is not valid JSON: .* line 1 column 2"):
         load_log_history(str(tmp_path))
     (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 3}))
     with pytest.raises(ValueError, match="no 'log_history'"):
@@ -178,12 +179,61 @@ def test_run_average_rates_overlay_the_matching_windowed_rate():
     assert list(throughput)[:2] == ["throughput/samples_per_sec", "throughput/device/samples_per_sec"]
     steps, values = throughput["throughput/samples_per_sec"]["train_samples_per_second (run average)"]
     assert steps == [1.0, 20.0] and values == [110.0, 110.0]
-    # no SpeedMonitor batches rate in this history: the steps/s average gets its own panel
-    assert throughput["train_steps_per_second"] == {"train_steps_per_second": ([20.0], [1.6])}
+    # no SpeedMonitor batches rate in this history: the steps/s average (one number) is not drawn
+    assert "train_steps_per_second" not in throughput
     assert "train_samples_per_second" not in throughput
     loss_panel = dict(figures["plot_loss.png"])["loss"]
     assert set(loss_panel) == {"loss", "eval_loss"}
     assert [t for t, _ in figures["plot_eval_metrics.png"]] == ["eval_accuracy"]
+
+
+def _throughput_titles(history: list[dict]) -> list[str]:
+    from trainwright.app.plot import _figures
+
+    figures = {name: panels for name, _, panels in _figures(history)}
+    return [title for title, _ in figures.get("plot_throughput.png", [])]
+
+
+def test_per_device_rates_are_drawn_only_with_several_processes():
+    # two processes: the per-device rate is half the whole-run one, so it has its own panel
+    assert _throughput_titles(_history()) == [
+        "throughput/samples_per_sec",
+        "throughput/device/samples_per_sec",
+    ]
+    # one process: the per-device rates repeat the whole-run ones; MFU (per device only) stays
+    rows = [
+        {
+            "loss": 1.0,
+            "step": s,
+            "throughput/samples_per_sec": 10.0 * s,
+            "throughput/device/samples_per_sec": 10.0 * s,
+            "throughput/tokens_per_sec": 640.0 * s,
+            "throughput/device/tokens_per_sec": 640.0 * s,
+            "throughput/device/mfu": 0.01 * s,
+        }
+        for s in range(1, 6)
+    ]
+    assert _throughput_titles(rows) == [
+        "throughput/samples_per_sec",
+        "throughput/tokens_per_sec",
+        "throughput/device/mfu",
+    ]
+
+
+def test_no_throughput_figure_without_speed_monitor_rows(tmp_path, caplog):
+    # the end-of-run averages alone (one number each) make no figure; the log says why
+    rows = [{"loss": 1.0 / s, "step": s} for s in range(1, 5)]
+    rows.append(
+        {"train_runtime": 2.0, "train_samples_per_second": 8.0, "train_steps_per_second": 2.0, "step": 4}
+    )
+    folder = _write_state(tmp_path / "run", rows)
+    caplog.set_level(logging.INFO, logger="trainwright.app.plot")
+    names = {os.path.basename(p) for p in plot_run(folder)}
+    assert names == {"plot_loss.png"}
+    assert any(
+        "plot_throughput.png not drawn" in r.getMessage() and "SpeedMonitor" in r.getMessage()
+        for r in caplog.records
+    )
 
 
 def test_plot_of_a_real_training_run(make_args):
@@ -217,3 +267,7 @@ def test_plot_of_a_real_training_run(make_args):
     }
     for p in paths:
         _check_png(p)
+    # one process: the SpeedMonitor's per-device rates equal the whole-run ones and are not drawn
+    titles = _throughput_titles(load_log_history(args.output_dir))
+    assert "throughput/samples_per_sec" in titles
+    assert not any(t.startswith("throughput/device/") for t in titles)

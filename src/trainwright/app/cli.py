@@ -1,61 +1,111 @@
-"""Command line: `trainwright demo`, `trainwright train CONFIG [--flags]`, `trainwright plot DIR`."""
+"""Command line: `trainwright demo`, `trainwright train CONFIG [--flags]`, `trainwright plot DIR`.
+
+A user's mistake (a bad field or value, a missing file or package, a checkpoint that cannot be
+resumed) prints one line, `trainwright <command>: error: ...`, and exits 2, as argparse does; anything
+else is a bug and keeps its traceback. `trainwright --debug <command>` shows the traceback always.
+Under torchrun (several processes) errors go to torchrun's report as they are.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-USAGE = """usage: trainwright <command> [options]
+USAGE = """usage: trainwright [--debug] <command> [options]
 
 commands:
   demo [--output_dir DIR] [--max_steps N]   train a small GPT on text that ships with Python
        [--framework tf]                     ... or a small Keras model with TFTrainer (extra `tf`)
-  train CONFIG.yaml|json [--flag value ...] train a model from a config and local files
+  train CONFIG.yaml|json [--KEY VALUE ...]  train a model from a config and local files
+                                            (trainwright train --help: the config keys)
   plot OUTPUT_DIR                           draw loss, eval metrics, learning rate, throughput
+
+--debug: show the traceback of an error (a mistake in the input prints one line without it)
 """
+
+# What a user's input causes: a value or field (ValueError, argparse's checks), a file or folder
+# (FileNotFoundError, PermissionError, ...), a missing optional package (ImportError naming the extra).
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, ImportError)
+
+
+def _demo(rest: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="trainwright demo")
+    parser.add_argument("--output_dir", default="trainwright_demo")
+    parser.add_argument("--max_steps", type=int, default=None, help="default: 600 (torch), 400 (tf)")
+    parser.add_argument("--framework", choices=("torch", "tf"), default="torch")
+    ns = parser.parse_args(rest)
+    if ns.framework == "tf":  # TFTrainer on a small Keras model (needs the `tf` extra)
+        from trainwright.tf.demo import run_tf_demo
+
+        run_tf_demo(output_dir=ns.output_dir, max_steps=ns.max_steps or 400)
+        return 0
+    from trainwright.app.demo import run_demo
+
+    run_demo(output_dir=ns.output_dir, max_steps=ns.max_steps or 600)
+    return 0
+
+
+def _train(rest: list[str]) -> int:
+    from trainwright.app.train_script import run_train
+
+    run_train(rest)
+    return 0
+
+
+def _plot(rest: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="trainwright plot")
+    parser.add_argument("output_dir")
+    ns = parser.parse_args(rest)
+    from trainwright.app.plot import plot_run
+
+    for path in plot_run(ns.output_dir):
+        print(path)
+    return 0
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {"demo": _demo, "train": _train, "plot": _plot}
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """Whether `exc` comes from the user's input (see USER_ERRORS) or a checkpoint that cannot be used."""
+    if isinstance(exc, USER_ERRORS):
+        return True
+    from trainwright.checkpoint.files import CheckpointError
+
+    return isinstance(exc, CheckpointError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = bool(argv) and argv[0] == "--debug"
+    if debug:
+        argv = argv[1:]
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("trainwright").setLevel(logging.INFO)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    if command == "demo":
-        parser = argparse.ArgumentParser(prog="trainwright demo")
-        parser.add_argument("--output_dir", default="trainwright_demo")
-        parser.add_argument("--max_steps", type=int, default=None, help="default: 600 (torch), 400 (tf)")
-        parser.add_argument("--framework", choices=("torch", "tf"), default="torch")
-        ns = parser.parse_args(rest)
-        if ns.framework == "tf":  # TFTrainer on a small Keras model (needs the `tf` extra)
-            from trainwright.tf.demo import run_tf_demo
-
-            run_tf_demo(output_dir=ns.output_dir, max_steps=ns.max_steps or 400)
-            return 0
-        from trainwright.app.demo import run_demo
-
-        run_demo(output_dir=ns.output_dir, max_steps=ns.max_steps or 600)
-        return 0
-    if command == "train":
-        from trainwright.app.train_script import run_train
-
-        run_train(rest)
-        return 0
-    if command == "plot":
-        parser = argparse.ArgumentParser(prog="trainwright plot")
-        parser.add_argument("output_dir")
-        ns = parser.parse_args(rest)
-        from trainwright.app.plot import plot_run
-
-        for path in plot_run(ns.output_dir):
-            print(path)
-        return 0
-    print(f"trainwright: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
-    return 2
+    run = COMMANDS.get(command)
+    if run is None:
+        print(f"trainwright: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    try:
+        return run(rest)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"trainwright {command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        several_processes = int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+        if debug or several_processes or not is_user_error(exc):
+            raise
+        print(f"trainwright {command}: error: {exc or type(exc).__name__}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ Figures, each written only when the history has data for it:
 ``plot_learning_rate.png``  learning rate vs step
 ``plot_grad_norm.png``      gradient norm vs step
 ``plot_throughput.png``     ``throughput/*`` rates (SpeedMonitor), with the end-of-run ``train_*_per_second``
-                            averages as flat lines over the matching rate (own panel otherwise)
+                            averages as flat lines over the matching rate; per-device rates only when
+                            they differ from the whole-run ones (world size > 1); not drawn (and the
+                            log says why) without a SpeedMonitor
 
 matplotlib is an extra (``pip install 'trainwright[plot]'``). Figures are rendered with the Agg
 canvas directly, without pyplot, so drawing never changes the caller's matplotlib backend.
@@ -15,13 +17,18 @@ canvas directly, without pyplot, so drawing never changes the caller's matplotli
 
 from __future__ import annotations
 
-import json
+import logging
 import math
 import numbers
 import os
 from typing import Any, TypeGuard
 
+from trainwright.core.files import read_json_object
+
+logger = logging.getLogger(__name__)
+
 STATE_FILE = "trainer_state.json"
+THROUGHPUT_FIGURE = "plot_throughput.png"
 # Keys that describe the run (timing, memory, counters) rather than the model's quality.
 _RUN_KEY_MARKERS = ("_runtime", "_per_second", "_mem_", "_compilation_time")
 # End-of-run averages and the SpeedMonitor rate each one is drawn over (as a flat line).
@@ -38,8 +45,14 @@ def plot_run(output_dir: str) -> list[str]:
     """Draw the figures of the run in `output_dir` into that folder; return the files written."""
     history = load_log_history(output_dir)
     Figure, FigureCanvasAgg = _import_matplotlib()
+    figures = _figures(history)
+    if history and not any(name == THROUGHPUT_FIGURE for name, _, _ in figures):
+        logger.info(
+            "%s not drawn: the log history has no throughput/* rows (a SpeedMonitor callback logs them).",
+            THROUGHPUT_FIGURE,
+        )
     written = []
-    for name, title, panels in _figures(history):
+    for name, title, panels in figures:
         fig = Figure(figsize=(7, 3.2 * len(panels)), layout="constrained")
         FigureCanvasAgg(fig)
         axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
@@ -61,7 +74,7 @@ def plot_run(output_dir: str) -> list[str]:
 def load_log_history(output_dir: str) -> list[dict[str, Any]]:
     """The `log_history` rows of `output_dir/trainer_state.json`, with a clear error when unreadable."""
     if not os.path.isdir(output_dir):
-        raise FileNotFoundError(f"trainwright plot: {output_dir} is not a folder.")
+        raise FileNotFoundError(f"{output_dir} is not a folder.")
     path = os.path.join(output_dir, STATE_FILE)
     if not os.path.isfile(path):
         checkpoints = sorted(
@@ -73,15 +86,11 @@ def load_log_history(output_dir: str) -> list[dict[str, Any]]:
             if checkpoints
             else " Trainer.save_state() writes it."
         )
-        raise FileNotFoundError(f"trainwright plot: {path} does not exist.{hint}")
-    try:
-        with open(path, encoding="utf-8") as f:
-            state = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"trainwright plot: {path} is not readable JSON ({e}).") from e
-    history = state.get("log_history") if isinstance(state, dict) else None
+        raise FileNotFoundError(f"{path} does not exist.{hint}")
+    state = read_json_object(path)
+    history = state.get("log_history")
     if not isinstance(history, list) or not all(isinstance(row, dict) for row in history):
-        raise ValueError(f"trainwright plot: {path} has no 'log_history' list of log rows.")
+        raise ValueError(f"{path} has no 'log_history' list of log rows.")
     return history
 
 
@@ -99,26 +108,43 @@ def _figures(history: list[dict[str, Any]]) -> list[tuple[str, str, list[tuple[s
         for k in series
         if k.startswith("eval_") and k not in loss_keys and not any(m in k for m in _RUN_KEY_MARKERS)
     ]
-    # whole-run rates (throughput/*) first, then per-device ones
-    windowed = sorted((k for k in series if k.startswith("throughput/")), key=lambda k: (k.count("/"), k))
-    throughput = [(k, {k: series[k]}) for k in windowed]
-    for key, over in _RUN_AVERAGES.items():
-        if key not in series:
-            continue
-        target = next((p for title, p in throughput if title == over), None)
-        if target is not None and len(series[key][0]) == 1:
-            steps = target[over][0]
-            target[f"{key} (run average)"] = ([steps[0], steps[-1]], series[key][1] * 2)
-        else:
-            throughput.append((key, {key: series[key]}))
+    throughput = _throughput_panels(series)
     candidates = [
         ("plot_loss.png", "Loss", [("loss", {k: series[k] for k in loss_keys})] if loss_keys else []),
         ("plot_eval_metrics.png", "Evaluation metrics", panels(eval_keys)),
         ("plot_learning_rate.png", "Learning rate", panels([k for k in ("learning_rate",) if k in series])),
         ("plot_grad_norm.png", "Gradient norm", panels([k for k in ("grad_norm",) if k in series])),
-        ("plot_throughput.png", "Throughput", throughput),
+        (THROUGHPUT_FIGURE, "Throughput", throughput),
     ]
     return [c for c in candidates if c[2]]
+
+
+def _throughput_panels(series: dict[str, Series]) -> list[tuple[str, dict[str, Series]]]:
+    """The SpeedMonitor's `throughput/*` rates, whole-run ones first, each end-of-run average drawn as
+    a flat line over its rate. A per-device rate is the whole-run rate / world size: drawn only where
+    it differs (world size > 1). An average without its rate is left out (a panel of one dot)."""
+    rates = sorted((k for k in series if k.startswith("throughput/")), key=lambda k: (k.count("/"), k))
+    panels = [(k, {k: series[k]}) for k in rates if not _same_as_whole_run(series, k)]
+    for key, over in _RUN_AVERAGES.items():
+        target = next((p for title, p in panels if title == over), None)
+        if key in series and target is not None and len(series[key][0]) == 1:
+            steps = target[over][0]
+            target[f"{key} (run average)"] = ([steps[0], steps[-1]], series[key][1] * 2)
+    return panels
+
+
+def _same_as_whole_run(series: dict[str, Series], key: str) -> bool:
+    """Whether `throughput/device/<x>` equals `throughput/<x>` at every step (one process)."""
+    if not key.startswith("throughput/device/"):
+        return False
+    whole = series.get("throughput/" + key[len("throughput/device/") :])
+    if whole is None:
+        return False  # e.g. throughput/device/mfu: per device only
+    at_step = dict(zip(*whole))
+    return all(
+        step in at_step and math.isclose(value, at_step[step], rel_tol=1e-9)
+        for step, value in zip(*series[key])
+    )
 
 
 def _series(history: list[dict[str, Any]], key: str) -> Series:

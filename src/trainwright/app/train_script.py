@@ -5,11 +5,12 @@
 The config holds ModelArguments, DataArguments and TrainingArguments fields side by side. The
 model is built from a transformers config (`model_type` + `model_config`, or a local
 `model_name_or_path`) or is trainwright's TinyGPT (`model_type: tinygpt`); text comes from local
-.txt / .jsonl files. Nothing is downloaded.
+.txt / .jsonl files. Nothing is downloaded. `docs/train_config.md` has a complete config.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from collections.abc import Sequence
@@ -96,12 +97,59 @@ def build_model(margs: ModelArguments, vocab_size: int, block_size: int) -> torc
     return transformers.AutoModelForCausalLM.from_config(config)
 
 
-def run_train(argv: Sequence[str]) -> dict[str, float]:
+DESCRIPTION = """\
+Train a causal language model from a config file (YAML or JSON) and local text files; nothing is
+downloaded. Every config key can also be given as --KEY VALUE, which overrides the file.
+
+config keys (docs/train_config.md has a complete config):
+  model:     model_type, model_config, model_name_or_path, tokenizer_name_or_path
+  data:      train_file (required), validation_file, text_column, block_size
+  training:  any TrainingArguments field: output_dir, max_steps or num_train_epochs,
+             per_device_train_batch_size, learning_rate, eval_strategy, save_steps, report_to, ...
+
+example:
+  model_type: gpt2
+  model_config: {n_layer: 2, n_embd: 128, n_head: 4, n_positions: 128}
+  train_file: data/train.txt
+  block_size: 128
+  output_dir: runs/gpt2
+  max_steps: 200
+  learning_rate: 3.0e-4
+"""
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The description as written, the options with their defaults."""
+
+
+def train_parser() -> Any:
+    """The parser of `trainwright train`: model and data keys first, then TrainingArguments'."""
     from trainwright.args.parser import HfArgumentParser
     from trainwright.args.training_args import TrainingArguments
+
+    titles = {
+        ModelArguments: "model (config keys)",
+        DataArguments: "data (config keys)",
+        TrainingArguments: "training (config keys: the fields of TrainingArguments)",
+    }
+
+    class TrainParser(HfArgumentParser):
+        def _argument_container(self, dtype: type) -> Any:
+            return self.add_argument_group(titles[dtype])
+
+    return TrainParser(
+        (ModelArguments, DataArguments, TrainingArguments),
+        prog="trainwright train",
+        usage="trainwright train CONFIG.yaml|json [--KEY VALUE ...]",
+        description=DESCRIPTION,
+        formatter_class=_Formatter,
+    )
+
+
+def run_train(argv: Sequence[str]) -> dict[str, float]:
     from trainwright.loop.trainer import Trainer
 
-    parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments), prog="trainwright train")
+    parser = train_parser()
     margs, dargs, targs = parser.parse_args_into_dataclasses(args=list(argv), look_for_args_file=False)
     if dargs.train_file is None:
         raise ValueError("train_file is required (a local .txt or .jsonl file).")

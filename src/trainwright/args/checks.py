@@ -9,8 +9,11 @@ import logging
 import math
 import numbers
 import os
+import typing
 from enum import Enum
 from typing import Any
+
+from trainwright.core.files import JSONFileError, read_json_object
 
 LOG_LEVELS = {
     "detail": logging.DEBUG,
@@ -65,9 +68,29 @@ def words(value: Any) -> list[Any]:
 
 
 def invalid(args: Any, name: str, expected: str, value: Any = dataclasses.MISSING) -> ValueError:
-    """The error for field `name` of `args`: its value and what was expected."""
+    """The error for field `name` of `args`: its value and what was expected (for a number field given
+    a number as a string, that it is a string and the number to give instead)."""
     shown = getattr(args, name) if value is dataclasses.MISSING else value
+    number = _number_in_string(args, name, shown)
+    if number is not None:
+        expected = f"it is a string, not a number: give the number, {name}={number!r}"
     return ValueError(f"{type(args).__name__}: {name}={shown!r} is invalid: {expected}")
+
+
+def _number_in_string(args: Any, name: str, value: Any) -> int | float | None:
+    """The number `value` spells when it is a string given to an int or float field, else None."""
+    if not isinstance(value, str) or not dataclasses.is_dataclass(args):
+        return None
+    field = next((f for f in dataclasses.fields(args) if f.name == name), None)
+    kinds = set(typing.get_args(field.type) or (field.type,)) - {type(None)} if field is not None else set()
+    if not kinds or not kinds <= {int, float}:
+        return None
+    for kind in (int, float) if float in kinds else (int,):
+        try:
+            return kind(value.strip())
+        except ValueError:
+            continue
+    return None
 
 
 def choice(args: Any, name: str, enum_cls: type[Enum], value: Any = dataclasses.MISSING) -> Any:
@@ -115,10 +138,6 @@ def dict_from_string(args: Any, name: str, text: str) -> dict[str, Any] | str:
     if name == "deepspeed":
         return path  # DeepSpeed reads its own config file
     try:
-        with open(path, encoding="utf-8") as f:
-            parsed = json.load(f)
-    except json.JSONDecodeError as e:
-        raise invalid(args, name, f"{path} is not valid JSON ({e.msg})") from None
-    if not isinstance(parsed, dict):
-        raise invalid(args, name, f"{path} must hold a JSON object")
-    return parsed
+        return read_json_object(path)
+    except JSONFileError as e:
+        raise invalid(args, name, str(e)) from None

@@ -29,6 +29,8 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from trainwright.core.files import read_json_object
+
 __all__ = ["HfArg", "HfArgumentParser", "string_to_bool"]
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
@@ -209,12 +211,13 @@ def _load_mapping(path: str | os.PathLike[str], fmt: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"config file not found: {p}")
-    text = p.read_text(encoding="utf-8")
+    if fmt == "json":
+        return read_json_object(p)
     try:
-        data = json.loads(text) if fmt == "json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise ValueError(f"{p}: not valid {fmt.upper()}: {e}") from e
-    if data is None and fmt == "yaml":
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ValueError(f"{p}: not valid YAML: {e}") from e
+    if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ValueError(f"{p}: expected a mapping of field names to values, got {type(data).__name__}")
@@ -286,8 +289,7 @@ class HfArgumentParser(argparse.ArgumentParser):
     def _add_dataclass_arguments(self, dtype: type) -> None:
         if not (isinstance(dtype, type) and dataclasses.is_dataclass(dtype)):
             raise TypeError(f"HfArgumentParser expects dataclass types, got {dtype!r}")
-        group_name = getattr(dtype, "_argument_group_name", None)
-        container = self.add_argument_group(group_name) if group_name else self
+        container = self._argument_container(dtype)
         try:
             hints = typing.get_type_hints(dtype)
         except (NameError, TypeError, AttributeError) as e:
@@ -298,6 +300,11 @@ class HfArgumentParser(argparse.ArgumentParser):
         for f in dataclasses.fields(dtype):
             if f.init:
                 self._add_field_argument(container, dtype, f, hints[f.name])
+
+    def _argument_container(self, dtype: type) -> argparse._ActionsContainer:
+        """Where `dtype`'s options go: a group titled by its `_argument_group_name`, else the parser."""
+        group_name = getattr(dtype, "_argument_group_name", None)
+        return self.add_argument_group(group_name) if group_name else self
 
     def _add_field_argument(
         self, container: argparse._ActionsContainer, dtype: type, f: dataclasses.Field, hint: Any

@@ -4,13 +4,14 @@ sanitized dict reporters log. Tokens are redacted on the way out and read back a
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
 import torch
+
+from trainwright.core.files import read_json_object
 
 
 def jsonable(value: Any) -> Any:
@@ -59,15 +60,7 @@ def from_dict_kwargs(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
 
 def read_json_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The JSON object of argument names to values in `path`, with the file named in errors."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{os.fspath(path)}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{os.fspath(path)}: expected a JSON object of argument names to values")
-    return data
+    return read_json_object(path)
 
 
 def to_sanitized_dict(args: Any) -> dict[str, Any]:

@@ -11,9 +11,11 @@ Public API (re-exported by `trainwright.checkpoint`):
 * `safe_torch_load(path, map_location="cpu")`: `torch.load(weights_only=True)` with clear errors.
 * `save_torch_state(state, path)`: `torch.save` of a state dict after checking that
   `weights_only=True` will be able to read it back.
-* `write_json(path, obj)` (atomic, fsynced) / `read_json(path)`.
+* `write_json(path, obj)` (atomic, fsynced) / `read_json(path)`: `core/files.py`'s, with a
+  `CheckpointError` naming the file.
 * `write_training_args(folder, arguments)`: `training_args.json` and `training_args.bin`.
-* `fsync_file(path)`, `fsync_dir(path)`.
+* `fsync_file(path)`, `fsync_dir(path)`, `deferred_fsync()`, `make_durable(path)`, `honour_umask(path)`:
+  re-exported from `core/files.py`.
 
 Every writer here makes its file durable (fsync) before returning, except inside `deferred_fsync()`,
 which `write_checkpoint` uses: there the paths are collected and flushed together at the commit, which
@@ -23,7 +25,6 @@ lets the kernel write one file back while the next is being serialized.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import errno
 import importlib
 import json
@@ -37,6 +38,14 @@ from typing import Any
 
 import torch
 
+from trainwright.core import files
+from trainwright.core.files import (  # noqa: F401  (re-exported for the checkpoint layer)
+    deferred_fsync,
+    fsync_dir,
+    fsync_file,
+    honour_umask,
+    make_durable,
+)
 from trainwright.core.units import parse_size  # noqa: F401  (re-exported: weights.py and older imports)
 
 PREFIX_CHECKPOINT_DIR = "checkpoint"
@@ -64,42 +73,6 @@ class CheckpointFileNotFoundError(CheckpointError, FileNotFoundError):
 
 
 # -- small file helpers ---------------------------------------------------------------------------
-
-
-def fsync_file(path: str | os.PathLike) -> None:
-    """Flush a file's data to stable storage."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: str | os.PathLike) -> None:
-    """Flush a folder's entries (creations, renames) to stable storage; a no-op where folders can't be opened."""
-    if os.name == "nt":
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-_PENDING_FSYNC: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
-    "pending_fsync", default=None
-)
-
-
-@contextlib.contextmanager
-def deferred_fsync() -> Iterator[list[str]]:
-    """Within the block, writers record their files in the yielded list instead of fsyncing them."""
-    pending: list[str] = []
-    token = _PENDING_FSYNC.set(pending)
-    try:
-        yield pending
-    finally:
-        _PENDING_FSYNC.reset(token)
 
 
 def is_write_error(exc: BaseException) -> bool:
@@ -173,14 +146,6 @@ def writing_file(path: str) -> Iterator[None]:
         raise CheckpointWriteError(path, exc) from exc
 
 
-def make_durable(path: str) -> None:
-    pending = _PENDING_FSYNC.get()
-    if pending is None:
-        fsync_file(path)
-    else:
-        pending.append(path)
-
-
 def file_missing(path: str) -> CheckpointFileNotFoundError:
     folder = os.path.dirname(os.path.abspath(path))
     return CheckpointFileNotFoundError(f"{os.path.basename(path)} is missing from checkpoint folder {folder}")
@@ -190,43 +155,22 @@ def file_missing(path: str) -> CheckpointFileNotFoundError:
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Write `obj` as indented JSON: to a hidden sibling first, fsynced, then renamed over `path`."""
-    path = os.fspath(path)
+    """Write `obj` as indented JSON: to a hidden sibling first, fsynced, then renamed over `path`
+    (`core.files.write_json`); a value JSON cannot hold is a `CheckpointError` naming the file."""
     try:
-        text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
-    except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"cannot write {path}: {exc}") from exc
-    folder, base = os.path.split(path)
-    tmp = os.path.join(folder, f".{base}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            if _PENDING_FSYNC.get() is None:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-        if _PENDING_FSYNC.get() is not None:
-            make_durable(path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        files.write_json(path, obj)
+    except files.JSONFileError as exc:
+        raise CheckpointError(str(exc)) from exc.__cause__
 
 
 def read_json(path: str | os.PathLike) -> Any:
-    """Read a JSON file; a missing or corrupt file raises an error naming it."""
-    path = os.fspath(path)
+    """Read a JSON file; a missing or corrupt file raises a `CheckpointError` naming it."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return files.read_json(path)
     except FileNotFoundError:
-        raise file_missing(path) from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(
-            f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from None
-    except UnicodeDecodeError as exc:
-        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+        raise file_missing(os.fspath(path)) from None
+    except files.JSONFileError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 # -- torch.save / torch.load ----------------------------------------------------------------------

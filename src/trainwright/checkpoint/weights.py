@@ -40,6 +40,7 @@ from trainwright.checkpoint.files import (
     CheckpointError,
     CheckpointFileNotFoundError,
     file_missing,
+    honour_umask,
     make_durable,
     read_json,
     safe_torch_load,
@@ -177,6 +178,7 @@ def _save_state_dict(
         with writing_file(path):
             save_file({k: tensors[k] for k in keys}, path, metadata=metadata)
             _sort_metadata(path)
+            honour_umask(path)  # safetensors writes through a temporary file of mode 0600
         make_durable(path)
     written = list(shards)
     if plan.is_sharded:
@@ -207,10 +209,15 @@ def save_model_weights(
         kwargs: dict[str, Any] = {"is_main_process": is_main_process, "state_dict": state_dict}
         if "safe_serialization" in inspect.signature(model.save_pretrained).parameters:
             kwargs["safe_serialization"] = True  # transformers v4; v5 always writes safetensors
-        from trainwright.core.third_party import deepspeed_left_unimported
+        from trainwright.core.third_party import deepspeed_left_unimported, shard_progress_bar_hidden
 
-        with deepspeed_left_unimported():  # accelerate would import it (seconds, a warning) to unwrap
+        # accelerate would import deepspeed (seconds, a warning) to unwrap; one bar per save is noise
+        with deepspeed_left_unimported(), shard_progress_bar_hidden():
             model.save_pretrained(directory, max_shard_size=max_bytes, **kwargs)
+        if is_main_process:  # its safetensors files come out 0600 (written through a temporary file)
+            for entry in os.listdir(directory):
+                if entry.endswith(".safetensors"):
+                    honour_umask(os.path.join(directory, entry))
         return
     if not is_main_process:
         return

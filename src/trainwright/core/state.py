@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import warnings
 from abc import ABC
 from dataclasses import dataclass, field
 from typing import Any
+
+from trainwright.core.files import read_json_object, write_json
 
 
 # ABC only for __subclasshook__: the base has a default for each method, none is abstract.
@@ -36,11 +37,6 @@ class ExportableState(ABC):  # noqa: B024
         if cls is ExportableState:
             return callable(getattr(subclass, "state", None)) or NotImplemented
         return NotImplemented
-
-
-def _write_json(obj: dict, path: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 @dataclass
@@ -81,15 +77,14 @@ class TrainerState:
             self.stateful_callbacks = {}
 
     def save_to_json(self, json_path: str) -> None:
-        """Write the state as sorted, indented JSON."""
-        _write_json(dataclasses.asdict(self), json_path)
+        """Write the state as sorted, indented JSON (atomically: a reader never sees half a file)."""
+        write_json(json_path, dataclasses.asdict(self))
 
     @classmethod
     def load_from_json(cls, json_path: str) -> TrainerState:
         """Read a state written by `save_to_json` (ours, an earlier release's, or transformers');
         unknown keys are ignored with a warning."""
-        with open(json_path, encoding="utf-8") as f:
-            data = json.load(f)
+        data = read_json_object(json_path)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known - set(_OWN_ATTRIBUTES))
         if unknown:

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainwright.core.files import JSONFileError, read_json_object
+
 ENGINE_DIR = "deepspeed"
 _AUTO = "auto"
 
@@ -34,14 +36,10 @@ def load_config(source: dict[str, Any] | str) -> dict[str, Any]:
         return json.loads(json.dumps(source))  # deep copy; the user's dict is left as given
     if not isinstance(source, str) or not os.path.isfile(source):
         raise ValueError(f"deepspeed: expected a config dict or an existing JSON file, got {source!r}")
-    with open(source, encoding="utf-8") as f:
-        try:
-            config = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"deepspeed: {source} is not valid JSON ({e.msg})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"deepspeed: {source} must hold a JSON object")
-    return config
+    try:
+        return read_json_object(source)
+    except JSONFileError as e:
+        raise JSONFileError(f"deepspeed: {e}") from None
 
 
 def fill_config(config: dict[str, Any], args: Any, world_size: int) -> dict[str, Any]:

@@ -9,6 +9,7 @@ loop's trainer.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -35,6 +36,8 @@ from trainwright.observe.metrics import (
     denumpify_detensorize,
     speed_metrics,
 )
+
+logger = logging.getLogger(__name__)
 
 
 class PredictionTrainer(Protocol):
@@ -67,6 +70,7 @@ class PredictionTrainer(Protocol):
     def compute_loss_context_manager(self) -> Any: ...
     def _prepare_inputs(self, inputs: Any) -> Any: ...
     def _fire(self, event: str, state: Any = None, **kwargs: Any) -> None: ...
+    def _metric_key(self) -> str: ...
 
 
 class EvaluationPreempted(Exception):
@@ -103,11 +107,31 @@ def evaluate(
         ignore_keys=ignore_keys,
         metric_key_prefix=metric_key_prefix,
     )
+    if output.num_samples == 0:
+        no_samples(trainer, dataloader, "eval_dataset", metric_key_prefix)
     add_speed_metrics(trainer, output, metric_key_prefix, start)
     trainer.log(output.metrics)
     trainer._fire("on_evaluate", metrics=output.metrics)
     trainer._memory_tracker.stop_and_update_metrics("eval", output.metrics)
     return output.metrics
+
+
+def no_samples(trainer: PredictionTrainer, dataloader: Any, name: str, prefix: str) -> None:
+    """Warn that the dataset gave no samples (upstream returns its metrics silently); during training
+    with `metric_for_best_model` on this evaluation's keys, refuse with the reason instead."""
+    kind = type(getattr(dataloader, "dataset", None)).__name__
+    message = f"{name} ({kind}) gave no samples: its metrics hold timings only (no {prefix}_loss)"
+    key = trainer._metric_key()
+    if (
+        trainer.is_in_train
+        and trainer.args.metric_for_best_model is not None
+        and key.startswith(f"{prefix}_")
+    ):
+        raise ValueError(
+            f"{message}, and metric_for_best_model={trainer.args.metric_for_best_model!r} needs {key!r} "
+            f"at step {trainer.state.global_step}. Give {name} samples."
+        )
+    logger.warning("%s.", message)
 
 
 def add_speed_metrics(trainer: PredictionTrainer, output: EvalLoopOutput, prefix: str, start: float) -> None:
@@ -130,6 +154,8 @@ def predict(
     output = trainer.evaluation_loop(
         dataloader, description="Prediction", ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix
     )
+    if output.num_samples == 0:
+        no_samples(trainer, dataloader, "test_dataset", metric_key_prefix)
     add_speed_metrics(trainer, output, metric_key_prefix, start)
     trainer._fire("on_predict", metrics=output.metrics)
     trainer._memory_tracker.stop_and_update_metrics("test", output.metrics)

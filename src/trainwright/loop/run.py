@@ -221,14 +221,19 @@ class TrainingRun:
 
 
 def empty_training_message(dataloader: Any, args: Any, world_size: int) -> str:
-    """Why a run got no batch, and the ways out (a run never "succeeds" without one)."""
+    """Why a run got no batch, and the ways out that apply (a run never "succeeds" without one)."""
     dataset: Any = getattr(dataloader, "dataset", None)
-    size = len(dataset) if data_utils.has_length(dataset) else "?"
+    if data_utils.has_length(dataset):
+        what = f"train_dataset ({type(dataset).__name__}) has {len(dataset)} samples"
+    else:
+        what = f"train_dataset ({type(dataset).__name__}, an iterable) yielded no sample"
+    fixes = ["more samples"]
+    if args.dataloader_drop_last:  # only then can a batch size or the last partial batch matter
+        fixes += ["a smaller per_device_train_batch_size", "dataloader_drop_last=False"]
     return (
-        f"The training data gives no batch: train_dataset ({type(dataset).__name__}) has {size} samples, "
-        f"per_device_train_batch_size={args.per_device_train_batch_size}, processes={world_size}, "
-        f"dataloader_drop_last={args.dataloader_drop_last}. Give it more samples, a smaller batch, or "
-        "dataloader_drop_last=False."
+        f"The training data gives no batch: {what}, per_device_train_batch_size="
+        f"{args.per_device_train_batch_size}, processes={world_size}, dataloader_drop_last="
+        f"{args.dataloader_drop_last}. Give it {' or '.join(fixes)}."
     )
 
 

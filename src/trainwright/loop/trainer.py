@@ -31,6 +31,7 @@ from trainwright.loop.run import TrainingRun
 from trainwright.loop.trainer_api import TrainerAPI
 from trainwright.loop.trainer_setup import enable_activation_checkpointing
 from trainwright.modeling.loss import items_in_batch, loss_is_normalised
+from trainwright.observe import host
 from trainwright.observe.metrics import TrainOutput, speed_metrics
 
 logger = logging.getLogger(__name__)
@@ -174,7 +175,7 @@ class Trainer(TrainerAPI):
         handler.train_dataloader, handler.cursor = dataloader, run.cursor
         logger.info(
             "***** Running training *****  examples/epoch=%s  epochs=%s  batch/device=%s  accumulation=%s  "
-            "processes=%s  optimizer steps=%s  trainable parameters=%s",
+            "processes=%s  optimizer steps=%s  trainable parameters=%s  %s",
             examples if steps_in_epoch else "?",
             epochs,
             args.per_device_train_batch_size,
@@ -182,6 +183,7 @@ class Trainer(TrainerAPI):
             self.runtime.world_size,
             max_steps,
             self.get_num_trainable_parameters(),
+            host.threads_and_load(),
         )
         return run
 

@@ -12,7 +12,6 @@ import inspect
 import json
 import math
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple, cast
@@ -20,6 +19,7 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 import torch
 
+from trainwright.core.files import JSONFileError, read_json_object, write_json
 from trainwright.core.state import TrainerState
 
 # -- result types --------------------------------------------------------------------------
@@ -216,20 +216,6 @@ def log_metrics(
         print_fn(f"  {key:<{key_width}} = {str(formatted[key]):>{value_width}}")
 
 
-def _write_json_atomic(obj: Any, path: str) -> None:
-    """Write JSON next to `path` and rename it into place, so a reader never sees half a file."""
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=4, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def _check_json_values(metrics: dict[str, Any], split: str) -> None:
     bad = []
     for key, value in metrics.items():
@@ -261,22 +247,18 @@ def save_metrics(
     os.makedirs(output_dir, exist_ok=True)
     plain = denumpify_detensorize(dict(metrics))
     _check_json_values(plain, split)
-    _write_json_atomic(plain, os.path.join(output_dir, f"{split}_results.json"))
+    # upstream's bytes: indent 4, no newline at the end
+    write_json(os.path.join(output_dir, f"{split}_results.json"), plain, indent=4, end="")
     if combined:
         all_path = os.path.join(output_dir, "all_results.json")
         merged: dict[str, Any] = {}
         if os.path.exists(all_path):
-            with open(all_path, encoding="utf-8") as f:
-                try:
-                    merged = json.load(f)
-                except json.JSONDecodeError as e:
-                    raise ValueError(
-                        f"{all_path} is not valid JSON ({e}); cannot merge {split} metrics"
-                    ) from e
-            if not isinstance(merged, dict):
-                raise ValueError(f"{all_path} must hold a JSON object, found {type(merged).__name__}")
+            try:
+                merged = read_json_object(all_path)
+            except JSONFileError as e:
+                raise JSONFileError(f"{e}; cannot merge the {split} metrics into it") from None
         merged.update(plain)
-        _write_json_atomic(merged, all_path)
+        write_json(all_path, merged, indent=4, end="")
 
 
 def save_state(

@@ -17,10 +17,10 @@ import csv
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Iterable
 from typing import Any
 
+from trainwright.core.files import atomic_write
 from trainwright.reporters.base import Reporter, as_scalar
 
 logger = logging.getLogger(__name__)
@@ -31,21 +31,6 @@ def _row_step(value: Any) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         return None
-
-
-def _replace_atomically(path: str, write: Any) -> None:
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 class _RowFileReporter(Reporter):
@@ -127,7 +112,8 @@ class JsonlCallback(_RowFileReporter):
                     continue
                 if row_step is not None and row_step <= step:
                     kept.append(line if line.endswith("\n") else line + "\n")
-        _replace_atomically(self.path, lambda f: f.writelines(kept))
+        with atomic_write(self.path) as f:
+            f.writelines(kept)
 
     _file: Any = None
 
@@ -181,13 +167,10 @@ class CsvCallback(_RowFileReporter):
 
     def _write(self, columns: list[str], rows: Iterable[dict[str, str]]) -> None:
         assert self.path is not None
-
-        def write(f: Any) -> None:
+        with atomic_write(self.path, newline="") as f:
             writer = csv.DictWriter(f, fieldnames=columns, restval="")
             writer.writeheader()
             writer.writerows(rows)
-
-        _replace_atomically(self.path, write)
 
     def _keep_rows_up_to(self, step: int) -> None:
         columns, rows = self._read()

@@ -1,4 +1,5 @@
-"""TensorBoard: scalars and text through `torch.utils.tensorboard.SummaryWriter`."""
+"""TensorBoard: scalars and text through `torch.utils.tensorboard.SummaryWriter`, without importing
+TensorFlow (`core.third_party.tensorboard_without_tensorflow`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import socket
 from datetime import datetime
 from typing import Any
 
+from trainwright.core.third_party import tensorboard_without_tensorflow
 from trainwright.reporters.base import Reporter, model_config_dict, rewrite_logs
 
 
@@ -56,6 +58,7 @@ class TensorBoardCallback(Reporter):
 
     def _ensure_writer(self, args: Any, state: Any) -> None:
         if self.tb_writer is None:
+            tensorboard_without_tensorflow()
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb_writer = SummaryWriter(log_dir=self.log_dir(args, state))

@@ -1,0 +1,38 @@
+"""The host a run starts on: torch's CPU threads against the CPUs this process may use and the load.
+
+PyTorch starts one intra-op thread per CPU. When other processes already keep those CPUs busy, the
+threads wait on each other at every parallel op: a CPU run can be ten times slower than with
+`OMP_NUM_THREADS=1` (see the README, "Threads under load"). The Trainer's start line says how it
+stands, so a slow run can be told from a slow model.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def load_average() -> float | None:
+    """The 1-minute load average, or None where the OS has none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def threads_and_load() -> str:
+    """`threads=N (CPUs=M, load=L)`, with a hint when the machine is busier than its CPUs and torch
+    runs more than one thread."""
+    threads, cpus, load = torch.get_num_threads(), usable_cpus(), load_average()
+    hint = ""
+    if load is not None and load > cpus and threads > 1:
+        hint = ": busier than its CPUs, OMP_NUM_THREADS=1 may run faster"
+    return f"threads={threads} (CPUs={cpus}, load={'?' if load is None else f'{load:.2f}'}{hint})"
