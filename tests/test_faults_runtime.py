@@ -351,14 +351,14 @@ def test_disk_full_errors_monkeypatched(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint_io, "_free_bytes", lambda path: 0)  # what statvfs says on that full disk
     with pytest.raises(ckpt.CheckpointError) as info:
         _trainer(out, max_steps=4, save_steps=4).train(resume_from_checkpoint=True)
-    _check_full_disk_error(info.value, out, "checkpoint-4", "while writing optimizer.pt")
+    _check_full_disk_error(info.value, out, "checkpoint-4", "while writing training_args.bin")
     assert isinstance(info.value.__cause__, RuntimeError)
     assert sorted(os.listdir(out)) == ["checkpoint-2"]
 
     # the same torch error with space left is still wrapped, naming the file, not called a full disk
     monkeypatch.setattr(checkpoint_io, "_free_bytes", lambda path: 10**12)
     with pytest.raises(
-        ckpt.CheckpointError, match=r"'checkpoint-4' .*RuntimeError: \[enforce fail.*optimizer\.pt"
+        ckpt.CheckpointError, match=r"'checkpoint-4' .*RuntimeError: \[enforce fail.*training_args\.bin"
     ):
         _trainer(out, max_steps=4, save_steps=4).train(resume_from_checkpoint=True)
     monkeypatch.undo()

@@ -218,18 +218,23 @@ def test_no_checkpoint_and_broken_checkpoint_errors_name_the_problem(make_args, 
     assert trainer.state.global_step == 0
 
 
-def test_resume_with_other_batch_geometry_is_refused_unless_ignore_data_skip(make_args, tmp_path):
+def test_resume_with_other_batch_geometry_continues_or_restarts_the_epoch(make_args, tmp_path):
+    """Another batch size continues at the saved sample (tests/test_resume_geometry.py has the rule);
+    ignore_data_skip restarts the current epoch from its first batch instead."""
     run = str(tmp_path / "run")
     _train_with_checkpoints(make_args, run)
     ckpt = os.path.join(run, "checkpoint-4")
     args = make_args(per_device_train_batch_size=4, max_steps=8, output_dir=run)
-    with pytest.raises(ValueError, match="per_device_train_batch_size: 8 in the checkpoint, 4 now"):
-        Trainer(model=_LinearModel(), args=args, train_dataset=VectorDataset(n=64)).train(
-            resume_from_checkpoint=ckpt
-        )
+    assert (
+        Trainer(model=_LinearModel(), args=args, train_dataset=VectorDataset(n=64))
+        .train(resume_from_checkpoint=ckpt)
+        .global_step
+        == 8
+    )
     args = make_args(per_device_train_batch_size=4, max_steps=8, output_dir=run, ignore_data_skip=True)
     trainer = Trainer(model=_LinearModel(), args=args, train_dataset=VectorDataset(n=64))
     assert trainer.train(resume_from_checkpoint=ckpt).global_step == 8
+    assert trainer.cursor.samples_in_epoch == 16  # 4 steps of 4 from the epoch's start
 
 
 def test_malicious_optimizer_file_is_refused_and_never_runs(make_args, tmp_path):

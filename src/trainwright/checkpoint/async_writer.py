@@ -40,7 +40,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from trainwright.checkpoint.files import CheckpointError
@@ -274,6 +274,8 @@ def save_checkpoint_async(
     collectives: GroupCollectives | None = None,
     save_total_limit: int | None = None,
     best_checkpoint: str | None = None,
+    keep: Iterable[str] = (),
+    exclude: Iterable[str] = (),
     on_done: Callable[[str], None] | None = None,
 ) -> bool:
     """`manager.save(run_dir, name, parts, ...)` with the writing in the background.
@@ -306,7 +308,9 @@ def save_checkpoint_async(
 
     def done(path: str) -> None:
         if manager.main and save_total_limit is not None:  # sees only complete checkpoints
-            rotate_checkpoints(run_dir, save_total_limit, best_model_checkpoint=best_checkpoint)
+            rotate_checkpoints(
+                run_dir, save_total_limit, best_checkpoint, keep=[path, *keep], exclude=exclude
+            )
         if on_done is not None:
             on_done(path)
 

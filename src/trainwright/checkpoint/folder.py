@@ -30,7 +30,7 @@ import re
 import secrets
 import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from trainwright.checkpoint.files import (
@@ -153,23 +153,36 @@ def rotate_checkpoints(
     best_model_checkpoint: str | None = None,
     use_mtime: bool = False,
     checkpoint_prefix: str = PREFIX_CHECKPOINT_DIR,
+    *,
+    keep: Iterable[str] = (),
+    exclude: Iterable[str] = (),
 ) -> list[str]:
     """Delete the oldest checkpoints beyond `save_total_limit`; returns the deleted paths.
 
-    The newest and the best checkpoint are kept, so with limit 1 and an older best checkpoint two remain.
+    The newest and the best checkpoint are kept, so with limit 1 and an older best checkpoint two
+    remain; so is every path of `keep` (the checkpoint just written, the last one before a run
+    diverged). Checkpoints of `exclude` (another run's) are neither counted nor deleted.
     """
     if save_total_limit is None or save_total_limit <= 0:
         return []
-    paths = sort_checkpoints(output_dir, checkpoint_prefix, use_mtime, best_model_checkpoint)
+    excluded = {os.path.abspath(p) for p in exclude}
+    paths = [
+        p
+        for p in sort_checkpoints(output_dir, checkpoint_prefix, use_mtime, best_model_checkpoint)
+        if os.path.abspath(p) not in excluded
+    ]
     if len(paths) <= save_total_limit:
         return []
-    keep = save_total_limit
-    if best_model_checkpoint is not None and keep == 1:
+    n_keep = save_total_limit
+    if best_model_checkpoint is not None and n_keep == 1:
         best = os.path.abspath(best_model_checkpoint)
         if best != os.path.abspath(paths[-1]) and best in map(os.path.abspath, paths):
-            keep = 2
+            n_keep = 2
+    protected = {os.path.abspath(p) for p in keep}
     deleted = []
-    for path in paths[: len(paths) - keep]:
+    for path in paths[: len(paths) - n_keep]:
+        if os.path.abspath(path) in protected:
+            continue
         try:
             delete_checkpoint(path)
             deleted.append(path)

@@ -25,7 +25,7 @@ order; a part whose file is absent is skipped, or told so (`load_absent(folder)`
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from trainwright.checkpoint.files import read_json, safe_torch_load, save_torch_state, write_json
@@ -105,9 +105,12 @@ class CheckpointManager:
         *,
         save_total_limit: int | None = None,
         best_checkpoint: str | None = None,
+        keep: Iterable[str] = (),
+        exclude: Iterable[str] = (),
     ) -> str:
         """Write `parts` as `run_dir/name` atomically (every process calls it), then rotate the run's
-        checkpoints to `save_total_limit`, never deleting `best_checkpoint`; returns the folder."""
+        checkpoints to `save_total_limit`, never deleting `best_checkpoint`, the new one or `keep`, and
+        leaving `exclude` (another run's) alone; returns the folder."""
         states = self.snapshot(parts)
 
         def write(tmp: str) -> None:
@@ -119,7 +122,9 @@ class CheckpointManager:
 
         path = write_checkpoint(run_dir, name, write, runtime=self.runtime)
         if self.main and save_total_limit is not None:
-            rotate_checkpoints(run_dir, save_total_limit, best_model_checkpoint=best_checkpoint)
+            rotate_checkpoints(
+                run_dir, save_total_limit, best_checkpoint, keep=[path, *keep], exclude=exclude
+            )
         self.runtime.barrier()
         return path
 

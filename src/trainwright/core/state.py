@@ -181,11 +181,12 @@ class LoopCursor:
     tokens_seen: int = 0  # input tokens, padding included
     flops_seen: float = 0.0
     steps_since_log: int = 0
-    loss_window: list[float] = field(
+    loss_window: list[float | None] = field(
         default_factory=list
     )  # step losses not yet logged (on device while training)
     loss_logged_total: float = 0.0  # sum of the loss of every logged window (for train_loss)
     first_step_of_call: int = 0  # global step at which this train() call started
+    steps_without_targets: int = 0  # optimizer steps whose batches held no label target (no loss, no update)
 
     @property
     def fractional_epoch(self) -> float:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from typing import Any, Protocol
 
@@ -76,7 +77,18 @@ def build_parts(
     engine_parts = engine.checkpoint_parts(with_optimizer, restore_from)
     if "optimizer" in engine_parts:
         engine_parts["optimizer"] = OptimizerPart(trainer, engine_parts["optimizer"])
+    windows = None
+    if restore_from is None:
+        trainer.state.stateful_callbacks = callback_states(trainer.callback_handler, trainer.control)
+        windows = trainer.runtime.all_gather_object(run.losses.values(run.cursor.steps_since_log))
+        run.cursor.loss_window = windows[trainer.runtime.rank]
+        first = _first_nonfinite(windows)
+        if first is not None:  # a step since the last log row was not finite: this checkpoint is not
+            run.note_nonfinite(trainer.state.global_step - run.cursor.steps_since_log + 1 + first)
+    # data_state first: its check (the position on this run's geometry) sizes the schedule that
+    # the scheduler's check rebuilds; files are independent, so the order changes no byte written
     parts: dict[str, Any] = {
+        "data_state": DataState(trainer, run, windows),
         "model": ModelFiles(trainer, run, main, restore_from, engine_parts),
         **engine_parts,
     }
@@ -86,12 +98,6 @@ def build_parts(
         if trainer.scaler is not None:
             parts["scaler"] = trainer.scaler
         parts["rng"] = RngPart(trainer)
-    windows = None
-    if restore_from is None:
-        trainer.state.stateful_callbacks = callback_states(trainer.callback_handler, trainer.control)
-        windows = trainer.runtime.all_gather_object(run.losses.values(run.cursor.steps_since_log))
-        run.cursor.loss_window = windows[trainer.runtime.rank]
-    parts["data_state"] = DataState(trainer, run, windows)
     parts["trainer_state"] = TrainerStateFile(trainer)
     for cb in trainer.callback_handler.callbacks:  # callbacks that are checkpoint parts of their own
         name = getattr(cb, "checkpoint_part", None)
@@ -99,6 +105,14 @@ def build_parts(
             spec(name)  # a row of layout.PARTS says where it lives
             parts[name] = cb
     return parts
+
+
+def _first_nonfinite(windows: list[list[float | None]]) -> int | None:
+    """The window offset of the first step whose loss was not finite on any process."""
+    offsets = [
+        i for window in windows for i, v in enumerate(window) if v is not None and not math.isfinite(v)
+    ]
+    return min(offsets) if offsets else None
 
 
 # ---------------------------------------------------------------------- the model
@@ -217,6 +231,7 @@ class SchedulerPart:
                 self.run.max_steps,
                 folder,
                 trainer._created_scheduler,
+                resized=self.run.schedule_resized,
             )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -254,6 +269,8 @@ class DataState:
             "seed": args.data_seed if args.data_seed is not None else args.seed,
             "loss_windows": self.loss_windows,
             "evaluation_pending": run.evaluation_pending,
+            "first_nonfinite_step": run.first_nonfinite_step,
+            "last_finite_checkpoint": run.last_finite_checkpoint,
             **{k: getattr(args, k) for k in resume.POSITION_ARGS},
         }
         sampler: Any = getattr(run.dataloader, "sampler", None)
@@ -264,25 +281,63 @@ class DataState:
         return out
 
     def check(self, saved: dict[str, Any] | None, folder: str) -> None:
-        """Refuse a resume whose batch geometry changes what the saved position points to."""
+        """Refuse a resume whose saved position can't be mapped onto this run (another dataset
+        length); map another batch geometry (one warning), and, for a run sized by epochs, size the
+        schedule for the steps left in the new geometry."""
         args, self.folder = self.trainer.args, folder
-        if saved is not None and not args.ignore_data_skip:
-            resume.check_position_args(args, self.run.runtime.world_size, saved, self.run.dataloader, folder)
+        if saved is None or args.ignore_data_skip:
+            return
+        run, world_size = self.run, self.run.runtime.world_size
+        resume.warn_changed_workers(args, folder)
+        changed = resume.check_position_args(args, world_size, saved, run.dataloader, folder)
+        if not changed or not resume.say_geometry_change(folder, changed, saved, args, world_size):
+            return
+        if args.max_steps <= 0 and run.cursor.steps_in_epoch:
+            cursor = self._position(saved)
+            run.max_steps = cursor.steps_applied + resume.steps_left(
+                cursor,
+                run.epochs,
+                args.gradient_accumulation_steps,
+                self._micro_left(cursor),
+                run.cursor.steps_in_epoch,
+            )
+            self.trainer.state.max_steps = run.max_steps
+            run.schedule_resized = True
+
+    def _position(self, saved: dict[str, Any]) -> LoopCursor:
+        """The saved cursor on this run's geometry."""
+        args, run = self.trainer.args, self.run
+        cursor = LoopCursor.from_dict(saved["cursor"])
+        cursor.steps_in_epoch = run.cursor.steps_in_epoch
+        batch = run.geometry[0] if run.geometry else args.per_device_train_batch_size
+        resume.rescale_position(cursor, saved, run.runtime.world_size, batch)
+        return cursor
+
+    def _micro_left(self, cursor: LoopCursor) -> int:
+        """Micro-batches left in the cursor's epoch (exact where the sampler's geometry is known)."""
+        geometry = self.run.geometry
+        if geometry is None:
+            return max(cursor.steps_in_epoch - cursor.batch_in_epoch, 0)
+        batch, samples = geometry
+        left = max(samples - cursor.samples_in_epoch, 0)
+        return left // batch if self.trainer.args.dataloader_drop_last else -(-left // batch)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """The saved position (rescaled to this number of processes), data order and dataset state;
         with ignore_data_skip the current epoch restarts from its first batch."""
         args, run, world_size = self.trainer.args, self.run, self.run.runtime.world_size
-        cursor = LoopCursor.from_dict(state_dict["cursor"])
-        cursor.steps_in_epoch = run.cursor.steps_in_epoch
-        resume.use_own_loss_window(cursor, state_dict, run.runtime)
         if args.ignore_data_skip:
+            cursor = LoopCursor.from_dict(state_dict["cursor"])
+            cursor.steps_in_epoch = run.cursor.steps_in_epoch
             cursor.batch_in_epoch = cursor.samples_in_epoch = 0
         else:
-            resume.rescale_position(cursor, state_dict, world_size, args.per_device_train_batch_size)
+            cursor = self._position(state_dict)
             resume.keep_saved_data_order(args, world_size, run.dataloader, state_dict, self.folder)
+        resume.use_own_loss_window(cursor, state_dict, run.runtime)
         run.cursor = cursor
         run.evaluation_pending = bool(state_dict.get("evaluation_pending"))
+        run.first_nonfinite_step = state_dict.get("first_nonfinite_step")
+        run.last_finite_checkpoint = state_dict.get("last_finite_checkpoint")
         dataset: Any = getattr(run.dataloader, "dataset", None)
         if "dataset_state" in state_dict and hasattr(dataset, "load_state_dict"):
             dataset.load_state_dict(state_dict["dataset_state"])
@@ -311,6 +366,8 @@ class TrainerStateFile:
 
     def check(self, saved: dict[str, Any] | None, folder: str) -> None:
         self.folder = folder  # named in the warning about a best checkpoint that is gone
+        if saved is not None:
+            resume.check_saved_step(saved, folder)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """What a resume takes of the saved state: counters, history, the best checkpoint (if it still

@@ -59,6 +59,11 @@ def run_dir(trainer: CheckpointedTrainer, trial: Any) -> str:
     return os.path.join(output_dir, trainer._hp_trial_record(trial)[0])
 
 
+def _step_of(path: str) -> int:
+    tail = os.path.basename(path.rstrip(os.sep)).rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
 def writes_once(args: Any, runtime: Any) -> bool:
     """Whether this process writes the files a checkpoint holds once (each node's main with save_on_each_node)."""
     return runtime.is_main_process or bool(args.save_on_each_node and runtime.is_local_main_process)
@@ -67,12 +72,20 @@ def writes_once(args: Any, runtime: Any) -> bool:
 class Checkpointer:
     """The checkpoints of one run (see the module docstring)."""
 
-    def __init__(self, trainer: CheckpointedTrainer, run: TrainingRun, fire: Callable[..., None]) -> None:
+    def __init__(
+        self,
+        trainer: CheckpointedTrainer,
+        run: TrainingRun,
+        fire: Callable[..., None],
+        resume_from: str | None = None,
+    ) -> None:
         self.trainer, self.run, self._fire = trainer, run, fire
         self.args, self.runtime = trainer.args, trainer.runtime
         self.main = writes_once(self.args, self.runtime)
         self.manager = CheckpointManager(self.runtime, main=self.main)
         self.folder = run_dir(trainer, run.trial)
+        # checkpoints in the folder that are not this run's: never rotated away
+        self.foreign = self._foreign(resume_from) if self.main else []
         self.writer: AsyncCheckpointWriter | None = None  # made at the first background save
         self._collectives: GroupCollectives | None = None  # its process group, with several processes
         self._said: set[str] = set()
@@ -81,6 +94,31 @@ class Checkpointer:
     def wrote(self, step: int) -> bool:
         """Whether this run already wrote the checkpoint of `step`."""
         return self._last_step == step
+
+    def _foreign(self, resume_from: str | None) -> list[str]:
+        """Checkpoints in the run's folder this run does not continue: all of them for a fresh run,
+        those after the resumed step for a resume (another run's, or this run's before the resume).
+        Said once; they are kept, and a checkpoint this run writes at the same step replaces one."""
+        if not os.path.isdir(self.folder):
+            return []
+        existing = ckpt.sort_checkpoints(self.folder)
+        resumed = os.path.abspath(resume_from) if resume_from is not None else None
+        if resumed is not None and os.path.dirname(resumed) == os.path.abspath(self.folder):
+            after = [p for p in existing if _step_of(p) > _step_of(resumed)]
+        else:
+            after = existing
+        if after:
+            logger.warning(
+                "%s holds %d checkpoint(s) this run does not continue (newest: %s). They are kept and "
+                "not counted by save_total_limit, but get_last_checkpoint() and resume_from_checkpoint=True "
+                "pick the highest step: resume that run with resume_from_checkpoint=%r instead, or train "
+                "into another output_dir.",
+                self.folder,
+                len(after),
+                os.path.basename(after[-1]),
+                after[-1],
+            )
+        return after
 
     # -- saving --------------------------------------------------------------------------------
     def save(self) -> str | None:
@@ -94,11 +132,19 @@ class Checkpointer:
             best = os.path.join(self.folder, f"{ckpt.PREFIX_CHECKPOINT_DIR}-{state.best_global_step}")
             if state.best_global_step == state.global_step or os.path.isdir(best):
                 state.best_model_checkpoint = best
-        parts = build_parts(self.trainer, self.run, main=self.main)
+        parts = build_parts(self.trainer, self.run, main=self.main)  # notes a non-finite window
         self._last_step = state.global_step
+        path, run = os.path.join(self.folder, name), self.run
+        self.foreign = [p for p in self.foreign if os.path.abspath(p) != os.path.abspath(path)]
+        if run.first_nonfinite_step is None:
+            run.last_finite_checkpoint = path  # recorded in this checkpoint's data_state.json too
+        diverged = run.first_nonfinite_step is not None and run.last_finite_checkpoint is not None
         rotation = {
             "save_total_limit": self.args.save_total_limit,
             "best_checkpoint": state.best_model_checkpoint,
+            # after a divergence the newest checkpoint written before it is kept, as the best one is
+            "keep": [run.last_finite_checkpoint] if diverged else [],
+            "exclude": list(self.foreign),
         }
         if self.args.async_save and self._in_background(name, parts, rotation):
             return None
@@ -196,15 +242,32 @@ class Checkpointer:
             logger.warning("save_only_model=True: resuming the weights of %s with a fresh optimizer.", path)
         self.manager.load(path, parts)
         cursor = self.run.cursor
-        self.trainer.state.optimizer_step_attempts = (
-            cursor.steps_attempted
-        )  # data_state.json's, not trainer_state's
+        # data_state.json's, not trainer_state's
+        self.trainer.state.optimizer_step_attempts = cursor.steps_attempted
+        self._say_if_nothing_left(path)
         logger.info(
             "Resumed from %s at step %d (epoch %d, batch %d of it).",
             path,
             cursor.steps_applied,
             cursor.epoch,
             cursor.batch_in_epoch,
+        )
+
+    def _say_if_nothing_left(self, path: str) -> None:
+        """A resume whose checkpoint is already at (or past) this run's end trains no step: say so."""
+        run, args, step = self.run, self.args, self.trainer.state.global_step
+        if step < run.max_steps and run.cursor.epoch < run.epochs:
+            return
+        by_steps = args.max_steps > 0
+        limit = f"max_steps={run.max_steps}" if by_steps else f"num_train_epochs={args.num_train_epochs}"
+        logger.warning(
+            "Resuming %s at step %d (epoch %d), and this run ends at %s: train() returns after 0 steps. "
+            "Raise %s to train further.",
+            path,
+            step,
+            run.cursor.epoch,
+            limit,
+            "max_steps" if by_steps else "num_train_epochs",
         )
 
     def keep_only_best(self) -> None:

@@ -139,6 +139,7 @@ def keep_saved_schedule(
     max_steps: int,
     path: str,
     trainer_made: bool,
+    resized: bool = False,
 ) -> Any:
     """The rule on resume: the checkpoint's learning-rate schedule continues. Its rates and step
     come back from scheduler.pt; its shape (type, warm-up, kwargs) from its training_args.json, so
@@ -150,16 +151,26 @@ def keep_saved_schedule(
         for k in _SCHEDULE_FIELDS
         if k in saved and _normal(saved[k]) != _normal(_plain(getattr(args, k)))
     }
-    if not changed:
+    if not changed and not resized:
         return scheduler
+    if changed:
+        _say_schedule_change(path, changed)
+    if not trainer_made or isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        return scheduler  # the user's own scheduler object: its state is loaded as it is
+    return _rebuilt_schedule(args, saved, optimizer, max_steps)
+
+
+def _say_schedule_change(path: str, changed: dict[str, Any]) -> None:
     logger.warning(
         "Resuming from %s: %s differ from the checkpoint's; the checkpoint's learning-rate schedule "
         "continues (its scheduler.pt wins). Start a new run to train with the new values.",
         path,
         ", ".join(f"{k} ({now!r} now, {was!r} in the checkpoint)" for k, (was, now) in changed.items()),
     )
-    if not trainer_made or isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-        return scheduler  # the user's own scheduler object: its state is loaded as it is
+
+
+def _rebuilt_schedule(args: Any, saved: dict[str, Any], optimizer: Any, max_steps: int) -> Any:
+    """A Trainer-made scheduler with the checkpoint's shape (type, warm-up, kwargs) over `max_steps`."""
     from types import SimpleNamespace
 
     from trainwright.optim.schedules import get_scheduler
@@ -198,47 +209,111 @@ def _global_batch(values: dict[str, Any]) -> int | None:
 
 def check_position_args(
     args: TrainingArguments, world_size: int, data_state: dict, dataloader: Any, path: str
-) -> None:
-    """Refuse a resume whose batch geometry moves the saved position. A different split of the same
-    global batch (processes x batch per device x accumulation) is fine: the sampler deals one
-    global order, so the position is rescaled (`rescale_position`)."""
+) -> dict[str, tuple[Any, Any]]:
+    """The batch geometry changed since the checkpoint ({argument: (saved, now)}). A changed dataset
+    length is refused: the saved position (a count of samples in the epoch's order) would point to
+    other samples. Another batch size, accumulation or number of processes is not: the position is
+    mapped onto the new geometry (`rescale_position`)."""
+    dataset = getattr(dataloader, "dataset", None)
+    length = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None
+    if data_state.get("dataset_length") != length:
+        raise ValueError(
+            f"Can't resume exactly from {path}: dataset_length: {data_state.get('dataset_length')} in the "
+            f"checkpoint, {length} now. The saved position counts samples of the epoch's order, which a "
+            "dataset of another length does not have. Resume with the checkpoint's dataset, or pass "
+            "ignore_data_skip=True to restart the current epoch from its first batch."
+        )
     now: dict[str, Any] = {k: getattr(args, k) for k in POSITION_ARGS}
     now["world_size"] = world_size
-    dataset = getattr(dataloader, "dataset", None)
-    now["dataset_length"] = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None
-    same_global = _global_batch(now) == _global_batch(data_state) is not None
-    changed = [
-        f"{k}: {data_state.get(k)} in the checkpoint, {v} now"
+    return {
+        k: (data_state.get(k, 1 if k == "world_size" else None), v)
         for k, v in now.items()
-        if data_state.get(k) != v and not (same_global and k in (*POSITION_ARGS, "world_size"))
-    ]
-    if changed:
-        raise ValueError(
-            f"Can't resume exactly from {path}: "
-            + "; ".join(changed)
-            + ". These change which samples the saved "
-            "position points to. Restore the original values, or pass ignore_data_skip=True to restart the "
-            "current epoch from its first batch."
-        )
+        if data_state.get(k, 1 if k == "world_size" else None) != v
+    }
+
+
+def say_geometry_change(
+    path: str, changed: dict[str, tuple[Any, Any]], data_state: dict, args: Any, world_size: int
+) -> bool:
+    """Warn once about a resume with another global batch (True then): it continues at the same
+    sample, but the weights can no longer match the uninterrupted run bit for bit."""
+    now = {**{k: getattr(args, k) for k in POSITION_ARGS}, "world_size": world_size}
+    saved = {**now, **{k: was for k, (was, _) in changed.items()}}
+    if _global_batch(saved) == _global_batch(now):
+        return False  # the same global batch split otherwise: the same updates
+    logger.warning(
+        "Resuming %s with another batch: %s (global batch %s -> %s). Training continues at the same "
+        "sample of the epoch, so no sample is trained twice or skipped, but the weights can no longer "
+        "match those of the uninterrupted run bit for bit.",
+        path,
+        ", ".join(f"{k} {was} -> {now_value}" for k, (was, now_value) in changed.items()),
+        _global_batch(saved),
+        _global_batch(now),
+    )
+    return True
 
 
 def rescale_position(cursor: LoopCursor, data_state: dict, world_size: int, batch_size: int) -> None:
-    """Per-process counts of a checkpoint saved with another number of processes (same global batch)."""
+    """The saved position on this run's geometry: per-process counts rescaled to this number of
+    processes (the sampler deals one global order), the epoch's micro-batches counted in this batch size."""
     old, new = data_state.get("world_size", 1), world_size
-    if old == new:
-        return
-    consumed = cursor.samples_in_epoch * old  # the global position in this epoch's order
-    if consumed % new:
-        raise ValueError(
-            f"Can't resume with {new} processes: the checkpoint's position ({consumed} samples into the epoch) "
-            f"does not split evenly over them. Use a number of processes that divides it, or ignore_data_skip=True."
-        )
-    cursor.samples_in_epoch = consumed // new
+    if old != new:
+        consumed = cursor.samples_in_epoch * old  # the global position in this epoch's order
+        if consumed % new:
+            raise ValueError(
+                f"Can't resume with {new} processes: the checkpoint's position ({consumed} samples into the "
+                "epoch) does not split evenly over them. Use a number of processes that divides it, or "
+                "ignore_data_skip=True."
+            )
+        cursor.samples_in_epoch = consumed // new
+        cursor.samples_seen = cursor.samples_seen * old // new
+        cursor.tokens_seen = cursor.tokens_seen * old // new
+        cursor.flops_seen = cursor.flops_seen * old / new
+        logger.info("Checkpoint saved with %d processes, resumed with %d: position rescaled.", old, new)
     cursor.batch_in_epoch = cursor.samples_in_epoch // batch_size
-    cursor.samples_seen = cursor.samples_seen * old // new
-    cursor.tokens_seen = cursor.tokens_seen * old // new
-    cursor.flops_seen = cursor.flops_seen * old / new
-    logger.info("Checkpoint saved with %d processes, resumed with %d: position rescaled.", old, new)
+
+
+def steps_left(
+    cursor: LoopCursor, epochs: int, accumulation: int, micro_left: int, micro_per_epoch: int
+) -> int:
+    """Optimizer steps from the cursor's position to the end of `epochs` epochs: `micro_left`
+    micro-batches left in this epoch, `micro_per_epoch` in each later one."""
+
+    def ceil(a: int, b: int) -> int:
+        return -(-a // b)
+
+    later = max(epochs - cursor.epoch - 1, 0) * max(ceil(micro_per_epoch, accumulation), 1)
+    return ceil(micro_left, accumulation) + later
+
+
+def check_saved_step(saved: dict[str, Any], folder: str) -> None:
+    """Refuse a trainer_state.json whose global_step no run could have reached (edited or damaged):
+    not a whole number >= 0, or past the max_steps it records."""
+    step, limit = saved.get("global_step"), saved.get("max_steps")
+    whole = isinstance(step, int) and not isinstance(step, bool) and step >= 0
+    if not whole or (isinstance(limit, int) and limit > 0 and isinstance(step, int) and step > limit):
+        raise ValueError(
+            f"Can't resume from {folder}: its {ckpt.TRAINER_STATE_NAME} says global_step={step!r}, which no "
+            f"run of max_steps={limit!r} reaches: the file was edited or damaged. Resume from another "
+            "checkpoint."
+        )
+
+
+def warn_changed_workers(args: Any, path: str) -> None:
+    """Worker processes seed their random streams per worker: another `dataloader_num_workers`
+    draws other numbers in them (augmentations) from the same position."""
+    saved = _saved_args(path).get("dataloader_num_workers")
+    if saved is not None and saved != args.dataloader_num_workers:
+        logger.warning(
+            "Resuming %s with dataloader_num_workers=%s, the checkpoint's run had %s: each worker seeds its "
+            "random streams by its index, so a dataset that draws random numbers in the workers (e.g. "
+            "augmentations) draws other ones from here on and the resume is not bit-exact; the data order is "
+            "unchanged. Resume with dataloader_num_workers=%s for an exact resume.",
+            path,
+            args.dataloader_num_workers,
+            saved,
+            saved,
+        )
 
 
 def keep_saved_data_order(
@@ -279,7 +354,7 @@ def use_own_loss_window(cursor: LoopCursor, data_state: dict, runtime: Any) -> N
     if len(windows) == runtime.world_size:
         cursor.loss_window = list(windows[runtime.rank])
     else:  # another number of processes: every process continues from the mean window
-        cursor.loss_window = [sum(v) / len(v) for v in zip(*windows)]
+        cursor.loss_window = [None if None in v else sum(v) / len(v) for v in zip(*windows)]
 
 
 def cursor_from_global_step(args: TrainingArguments, steps_in_epoch: int, global_step: int) -> LoopCursor:

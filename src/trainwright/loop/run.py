@@ -75,6 +75,9 @@ class TrainingRun:
         self.iterable_restored = False  # an iterable dataset's own state came back: skip nothing
         self.eval_stops_on_preemption = False  # True while the loop's own evaluation runs
         self.evaluation_pending = False  # a preemption cut the last evaluation short (resume runs it)
+        self.schedule_resized = False  # a resume in another batch geometry re-sized max_steps
+        self.first_nonfinite_step: int | None = None  # the first step whose loss was not finite
+        self.last_finite_checkpoint: str | None = None  # the newest checkpoint written before it
         self.custom_lse = False  # a subclass overrides _maybe_log_save_evaluate: called every step
         self.metric_scheduler = False  # the scheduler steps on the evaluation metric, not per step
         self.optimizer_train: Callable[[], Any] | None = None  # schedule-free: back to training weights
@@ -173,6 +176,16 @@ class TrainingRun:
         requested = self.preemption.requested is not None
         return self.runtime.any_process(requested) if self.runtime.distributed else requested
 
+    def note_nonfinite(self, step: int) -> None:
+        """Step `step` had a non-finite loss (found when a window is read, or at a save)."""
+        if self.first_nonfinite_step is None or step < self.first_nonfinite_step:
+            self.first_nonfinite_step = step
+
+    def note_empty_step(self) -> None:
+        """The step being taken has no label target on any process: it records no loss."""
+        self.losses.mark_empty(self.cursor.steps_since_log)
+        self.cursor.steps_without_targets += 1
+
     def stop_if_preempted(self, control: TrainerControl) -> None:
         if self.preempted():
             control.should_save = control.should_training_stop = True
@@ -211,6 +224,22 @@ class TrainingRun:
             cursor.epoch, cursor.batch_in_epoch, cursor.samples_in_epoch = epoch + 1, 0, 0
 
     # -- the end -------------------------------------------------------------------------------
+    def train_loss(self) -> float:
+        """The mean loss of the run's steps that had a loss (logged windows, folded in)."""
+        cursor = self.cursor
+        return cursor.loss_logged_total / max(cursor.steps_attempted - cursor.steps_without_targets, 1)
+
+    def say_divergence(self) -> None:
+        """At the end of a run whose loss went non-finite: which checkpoint is the last finite one."""
+        if self.first_nonfinite_step is None:
+            return
+        logger.warning(
+            "The training loss was not finite from step %d on; the last checkpoint written before it is %s "
+            "(rotation keeps it).",
+            self.first_nonfinite_step,
+            self.last_finite_checkpoint or "none: every checkpoint of this run came after it",
+        )
+
     def samples_and_tokens_run(self) -> tuple[int, int]:
         """Samples and tokens this call trained on, over every process."""
         world, cursor = self.runtime.world_size, self.cursor

@@ -30,7 +30,7 @@ from trainwright.loop.checkpointer import Checkpointer, load_rng_state, run_dir
 from trainwright.loop.run import TrainingRun
 from trainwright.loop.trainer_api import TrainerAPI
 from trainwright.loop.trainer_setup import enable_activation_checkpointing
-from trainwright.modeling.loss import items_in_batch, loss_is_normalised
+from trainwright.modeling.loss import has_no_targets, items_in_batch, loss_is_normalised
 from trainwright.observe import host
 from trainwright.observe.metrics import TrainOutput, speed_metrics
 
@@ -158,7 +158,7 @@ class Trainer(TrainerAPI):
             # an overridden floating_point_ops is called every micro-batch, as upstream
             count_flops=self.floating_point_ops if exact_flops else None,
         )
-        run.checkpointer = Checkpointer(self, run, self._fire)
+        run.checkpointer = Checkpointer(self, run, self._fire, resume_from=resume_path)
         self.model_wrapped = self._wrap_model(self.model)  # DDP / FSDP2 (DeepSpeed: in start)
         self.model_wrapped, self.optimizer = run.engine.start(self, max_steps, self.model_wrapped)
         self.scaler = run.engine.scaler  # fp16 grad scaler (DeepSpeed scales itself)
@@ -243,15 +243,21 @@ class Trainer(TrainerAPI):
         """Items (label targets, else samples) in this optimizer step over every process; None when
         the step is one micro-batch on one process, where no reweighting is needed."""
         distributed = self.runtime.distributed and self.args.average_tokens_across_devices
-        if len(micro_batches) == 1 and not distributed:
-            return None
         shift = self._loss_facts.label_shift
+        if len(micro_batches) == 1 and not distributed:  # nothing to weight: only an empty step matters
+            if not has_no_targets(micro_batches[0], shift):
+                return None
+            if self._run is not None:
+                self._run.note_empty_step()
+            return torch.zeros((), dtype=torch.long)
         # a tensor: micro_batches is not empty (sum's type also allows its start, 0)
         total = cast(torch.Tensor, sum(items_in_batch(b, shift) for b in micro_batches))
         if distributed:
             total = self.runtime.all_reduce(total.to(self.runtime.device))
         if self._loss_facts.probe:  # once: does a **kwargs forward divide by num_items_in_batch?
             self._measure_loss_kwargs(micro_batches, total)
+        if total.device.type == "cpu" and not total and self._run is not None:  # no target anywhere
+            self._run.note_empty_step()
         return total
 
     def training_step(
@@ -263,6 +269,14 @@ class Trainer(TrainerAPI):
             run.train_mode(model)
         else:  # called outside train()
             model.train()
+        if (
+            num_items_in_batch is not None
+            and num_items_in_batch.device.type == "cpu"
+            and not num_items_in_batch
+        ):
+            return torch.zeros(
+                (), device=self.runtime.device
+            )  # no target in the whole step: nothing to learn
         micro_items = None
         if num_items_in_batch is not None and not self._loss_is_normalised(inputs, num_items_in_batch):
             micro_items = items_in_batch(inputs, self._loss_facts.label_shift)  # a CPU count: no sync
@@ -483,7 +497,7 @@ class Trainer(TrainerAPI):
             self._log_training_window(run.grad_norm, run.last_lr, run.start_time)  # the last partial window
         elif cursor.steps_since_log > 0:  # unlogged steps still count in train_loss
             self._fold_loss_window()
-        train_loss = cursor.loss_logged_total / max(cursor.steps_attempted, 1)
+        train_loss = run.train_loss()
         samples_run, tokens_run = run.samples_and_tokens_run()
         metrics = speed_metrics(
             "train",
@@ -500,6 +514,7 @@ class Trainer(TrainerAPI):
         if args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
             self._load_best_model()
         run.checkpointer.keep_only_best()
+        run.say_divergence()
         self._fire("on_train_end")
         self._finish_current_push()  # the last checkpoint's upload is done when train() returns
         return TrainOutput(self.state.global_step, train_loss, metrics)

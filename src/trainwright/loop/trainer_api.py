@@ -29,6 +29,7 @@ from trainwright.core.state import LoopCursor, TrainerState, metric_improves
 from trainwright.loop import batch_size_finder, dataloaders, hub, optimization, prediction
 from trainwright.loop.run import TrainingRun
 from trainwright.loop.trainer_setup import TrainerSetup
+from trainwright.modeling.loss import WindowReading
 from trainwright.observe.flops import FlopsEstimator
 from trainwright.observe.metrics import (
     EvalLoopOutput,
@@ -301,42 +302,44 @@ class TrainerAPI(TrainerSetup):
         self, grad_norm: Any = None, learning_rate: float | None = None, start_time: float | None = None
     ) -> None:
         cursor = self.cursor
-        loss_sum, nonfinite = self._read_loss_window()
-        logs: dict[str, float] = {"loss": loss_sum / cursor.steps_since_log}
-        if nonfinite:
-            logs["nonfinite_steps"] = nonfinite
+        steps = cursor.steps_since_log
+        reading = self._read_loss_window()
+        logs: dict[str, float] = {"loss": reading.total / reading.counted} if reading.counted else {}
+        if reading.nonfinite:
+            logs["nonfinite_steps"] = reading.nonfinite
+        if reading.counted < steps:  # steps whose batches held no label target: no loss, no update
+            logs["steps_without_targets"] = steps - reading.counted
         if grad_norm is not None:
             logs["grad_norm"] = grad_norm.item() if isinstance(grad_norm, torch.Tensor) else float(grad_norm)
         if learning_rate is not None:
             logs["learning_rate"] = float(learning_rate)
-        cursor.loss_logged_total += loss_sum
-        cursor.steps_since_log = 0
         call_log(self.log, logs, start_time)  # also an override with the older log(self, logs)
 
     def _fold_loss_window(self) -> None:
-        cursor = self.cursor
-        cursor.loss_logged_total += self._read_loss_window()[0]
-        cursor.steps_since_log = 0
+        self._read_loss_window()
 
-    def _read_loss_window(self) -> tuple[float, int]:
-        """The unlogged steps' summed loss and how many were not finite (warned about, by step)."""
+    def _read_loss_window(self) -> WindowReading:
+        """Read the unlogged steps' losses into the cursor's running total (non-finite steps are
+        warned about by step, and the first is remembered: the last checkpoint before it is kept)."""
         assert self._run is not None  # training windows are read while a run trains
-        cursor = self._run.cursor
-        loss_sum, nonfinite = self._run.losses.step_sum(
-            cursor.steps_since_log, self.runtime, self.args.logging_nan_inf_filter
-        )
-        if nonfinite:
-            first = self.state.global_step - cursor.steps_since_log + 1
+        run = self._run
+        cursor = run.cursor
+        reading = run.losses.read(cursor.steps_since_log, self.runtime, self.args.logging_nan_inf_filter)
+        first = self.state.global_step - cursor.steps_since_log + 1
+        if reading.first_nonfinite is not None:
+            run.note_nonfinite(first + reading.first_nonfinite)
             logger.warning(
                 "Non-finite training loss in %d of the steps %d-%d%s.",
-                nonfinite,
+                reading.nonfinite,
                 first,
                 self.state.global_step,
                 " (every one: the logged loss is NaN)"
-                if not math.isfinite(loss_sum)
+                if not math.isfinite(reading.total)
                 else " (left out of the logged mean: logging_nan_inf_filter)",
             )
-        return loss_sum, nonfinite
+        cursor.loss_logged_total += reading.total
+        cursor.steps_since_log = 0
+        return reading
 
     def _wants_flops(self) -> bool:
         return any(getattr(cb, "needs_flops", False) for cb in self.callback_handler.callbacks)

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -177,6 +177,15 @@ def items_in_batch(inputs: Mapping[str, Any], label_shift: bool) -> torch.Tensor
     return torch.tensor(batch_size(inputs))
 
 
+def has_no_targets(inputs: Any, label_shift: bool) -> bool:
+    """Whether a batch's integer labels are all ignored (-100): a mean loss over them is 0/0. Only
+    integer labels are counted (a CPU count); regression labels always have targets."""
+    labels = inputs.get("labels") if isinstance(inputs, Mapping) else None
+    if not isinstance(labels, torch.Tensor) or labels.is_floating_point() or labels.is_complex():
+        return False
+    return not bool(count_items(inputs, shift=label_shift))
+
+
 def batch_size(inputs: Any) -> int:
     """Number of samples in a batch: the first dimension of its first tensor, or, for a packed
     batch (one row of concatenated sequences with ``position_ids``, as made by transformers'
@@ -235,6 +244,17 @@ class LabelSmoother:
         return (1 - self.epsilon) * nll_loss + self.epsilon * smooth_loss
 
 
+class WindowReading(NamedTuple):
+    """A log window's losses, read once: their sum (averaged over processes), how many steps had a
+    loss (a step without any label target has none), how many were not finite, and the offset in the
+    window of the first non-finite one (None when all were finite; the earliest over processes)."""
+
+    total: float
+    counted: int
+    nonfinite: int
+    first_nonfinite: int | None
+
+
 class LossWindow:
     """Per-step training losses since the last log.
 
@@ -245,58 +265,82 @@ class LossWindow:
     glibc's heap then grows by about an activation per step until the next log, paid in page faults
     (measured: +1.1 MB and ~200 page faults per GPT-2 step, ~4% of its time; see docs/design.md).
     Non-finite steps are left out of the logged mean when filtering (`logging_nan_inf_filter`),
-    which is what replacing them by the running mean amounts to.
+    which is what replacing them by the running mean amounts to. A step marked empty (`mark_empty`:
+    no label target in it on any process) has no loss: it is kept as None, left out of the mean.
     """
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.steps: list[torch.Tensor | float] = []
+        self.steps: list[torch.Tensor | float | None] = []
+        self._empty = -1  # the window index of the step being recorded when it has no target
+
+    def mark_empty(self, step: int) -> None:
+        """The step at window index `step` has no label target: it records no loss."""
+        self._empty = step
 
     def add(self, step: int, loss: torch.Tensor | float) -> None:
         if isinstance(loss, torch.Tensor) and loss.is_cpu:
             loss = loss.item()
         if step < len(self.steps):  # another micro-batch of the same optimizer step
-            self.steps[step] = self.steps[step] + loss
+            current = self.steps[step]
+            if current is not None:
+                self.steps[step] = current + loss
         else:
-            self.steps.append(loss)
+            self.steps.append(None if step == self._empty else loss)
 
-    def _stacked(self, steps: int) -> torch.Tensor:
-        window = self.steps[:steps]
+    def _stacked(self, window: list) -> torch.Tensor:
         if all(type(v) is float for v in window):  # CPU losses: one tensor from the list (~10 us for 500)
             return torch.tensor(window, dtype=torch.float32, device=self.device)
         return torch.stack([torch.as_tensor(v, device=self.device).reshape(()).float() for v in window])
 
-    def step_sum(self, steps: int, runtime: Any, filter_nonfinite: bool) -> tuple[float, int]:
-        """(sum of the recorded step losses, averaged over processes; non-finite steps), then cleared.
+    def read(self, steps: int, runtime: Any, filter_nonfinite: bool) -> WindowReading:
+        """The window's first `steps` steps, read (one host sync; a second collective only when a
+        step was not finite), then cleared.
 
         With filtering, non-finite steps are replaced by the mean of the finite ones; a window with
-        no finite step sums to NaN (a diverged run never reads as loss 0). One host sync.
+        no finite step sums to NaN (a diverged run never reads as loss 0).
         """
-        window = self._stacked(steps)
+        recorded = [v for v in self.steps[:steps] if v is not None]
+        counted = len(recorded)
+        window = self._stacked(recorded) if recorded else torch.zeros(0, device=self.device)
         finite = torch.isfinite(window)
         nonfinite = (~finite).sum().float()
         if filter_nonfinite:
-            count = finite.sum()
-            mean = torch.where(finite, window, 0.0).sum() / count  # NaN when count is 0
-            total = mean * steps
+            mean = torch.where(finite, window, 0.0).sum() / finite.sum()  # NaN when none is finite
+            total = mean * counted if counted else window.sum()
         else:
             total = window.sum()
         reduced = runtime.all_reduce(torch.stack([total, nonfinite]), "sum")
         total_value, nonfinite_value = reduced.tolist()
+        first = None
+        if nonfinite_value:  # every process takes this branch: the count is reduced
+            offsets = [
+                i for i, v in enumerate(self.steps[:steps]) if v is not None and not math.isfinite(float(v))
+            ]
+            local = torch.tensor([offsets[0] if offsets else steps], device=self.device)
+            first = int(runtime.all_reduce(local, "min").item())
         del self.steps[:steps]
-        return total_value / runtime.world_size, int(nonfinite_value)
+        self._empty = -1
+        return WindowReading(total_value / runtime.world_size, counted, int(nonfinite_value), first)
+
+    def step_sum(self, steps: int, runtime: Any, filter_nonfinite: bool) -> tuple[float, int]:
+        """(sum of the recorded step losses, averaged over processes; non-finite steps), then cleared."""
+        reading = self.read(steps, runtime, filter_nonfinite)
+        return reading.total, reading.nonfinite
 
     def window_sum(self, steps: int) -> torch.Tensor:
         """This process's summed step losses since the last log, as a device tensor (no sync)."""
-        if not self.steps[:steps]:
+        recorded = [v for v in self.steps[:steps] if v is not None]
+        if not recorded:
             return torch.zeros((), device=self.device)
-        return self._stacked(steps).sum()
+        return self._stacked(recorded).sum()
 
-    def values(self, steps: int) -> list[float]:
-        return [float(t) for t in self.steps[:steps]]
+    def values(self, steps: int) -> list[float | None]:
+        return [None if t is None else float(t) for t in self.steps[:steps]]
 
-    def load(self, values: list[float]) -> None:
+    def load(self, values: Sequence[float | None]) -> None:
         on_cpu = torch.device(self.device).type == "cpu"
         self.steps = [
-            float(v) if on_cpu else torch.tensor(v, dtype=torch.float32, device=self.device) for v in values
+            v if v is None or on_cpu else torch.tensor(v, dtype=torch.float32, device=self.device)
+            for v in (None if v is None else float(v) for v in values)
         ]
