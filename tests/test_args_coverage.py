@@ -122,7 +122,7 @@ BEHAVIOUR_TESTS: dict[str, str] = {
     "load_best_model_at_end": "tests/test_resume.py::test_rotation_keeps_best_and_newest_and_load_best_model_at_end",
     "metric_for_best_model": "tests/test_callbacks_core.py::test_early_stopping_greater_is_better",
     "greater_is_better": "tests/test_callbacks_core.py::test_early_stopping_greater_is_better",
-    "ignore_data_skip": "tests/test_resume.py::test_resume_with_other_batch_geometry_is_refused_unless_ignore_data_skip",
+    "ignore_data_skip": "tests/test_resume.py::test_resume_with_other_batch_geometry_continues_or_restarts_the_epoch",
     # reproducibility
     "seed": "tests/test_data.py::test_order_depends_only_on_seed_and_epoch",
     "data_seed": "tests/test_data.py::test_build_sampler_chooses_by_strategy",

@@ -28,6 +28,8 @@ class DataTrainer(Protocol):
     train_dataset: Any
     eval_dataset: Any
     data_collator: Callable
+    _eval_dataloaders: dict[str, Any]  # persistent workers: the kept evaluation loaders, by key
+    _eval_dataloader_datasets: dict[str, Any]  # the dataset each kept loader was built from
 
     def _remove_unused_columns(self, *args: Any, **kwargs: Any) -> Any: ...
     def _get_collator_with_removed_columns(self, *args: Any, **kwargs: Any) -> Any: ...
@@ -130,14 +132,12 @@ def eval_dataloader(trainer: DataTrainer, eval_dataset: Any) -> torch.utils.data
     key = eval_dataset if isinstance(eval_dataset, str) else "eval"
     dataset = eval_dataset_of(trainer, eval_dataset)
     persistent = trainer.args.dataloader_persistent_workers
-    loaders: dict[str, Any] | None = getattr(trainer, "_eval_dataloaders", None)
-    sources: dict[str, Any] = trainer.__dict__.setdefault("_eval_dataloader_datasets", {})
-    if persistent and loaders is not None and key in loaders and sources.get(key) is dataset:
+    loaders, sources = trainer._eval_dataloaders, trainer._eval_dataloader_datasets
+    if persistent and key in loaders and sources.get(key) is dataset:
         return loaders[key]
     loader = inference_dataloader(trainer, dataset, "evaluation")
     if persistent:
-        trainer.__dict__.setdefault("_eval_dataloaders", {})[key] = loader
-        sources[key] = dataset
+        loaders[key], sources[key] = loader, dataset
     return loader
 
 

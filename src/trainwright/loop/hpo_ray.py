@@ -211,7 +211,7 @@ def _names_a_metric(kwargs: dict[str, Any]) -> bool:
 def _shippable(trainer: SearchTrainer, output_dir: str, search: Search) -> Any:
     """A copy of the trainer to send to the workers: the trial's state only, no model or optimizer
     (each trial builds its own), the output folder absolute."""
-    shipped = copy.copy(trainer)
+    shipped: Any = copy.copy(trainer)
     for name in ("model", "model_wrapped", "optimizer", "lr_scheduler", "_run"):
         if hasattr(shipped, name):
             setattr(shipped, name, None)
@@ -224,6 +224,7 @@ def _shippable(trainer: SearchTrainer, output_dir: str, search: Search) -> Any:
     if trainer.args.output_dir != output_dir:
         shipped.args = copy.copy(trainer.args)  # the same validated values, the folder made absolute
         shipped.args.output_dir = output_dir
+    shipped._eval_dataloaders, shipped._eval_dataloader_datasets = {}, {}  # loaders stay here
     shipped.hp_search_backend = "ray"
     shipped._hp_search = search
     return shipped

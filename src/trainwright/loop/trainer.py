@@ -241,22 +241,23 @@ class Trainer(TrainerAPI):
 
     def _items_in_step(self, micro_batches: list) -> torch.Tensor | None:
         """Items (label targets, else samples) in this optimizer step over every process; None when
-        the step is one micro-batch on one process, where no reweighting is needed."""
+        the step is one micro-batch on one process that has targets: no reweighting is needed.
+        A step with no target at all (a CPU count of 0) has no loss: the run is told."""
         distributed = self.runtime.distributed and self.args.average_tokens_across_devices
         shift = self._loss_facts.label_shift
-        if len(micro_batches) == 1 and not distributed:  # nothing to weight: only an empty step matters
+        if len(micro_batches) == 1 and not distributed:
             if not has_no_targets(micro_batches[0], shift):
                 return None
-            if self._run is not None:
-                self._run.note_empty_step()
-            return torch.zeros((), dtype=torch.long)
-        # a tensor: micro_batches is not empty (sum's type also allows its start, 0)
-        total = cast(torch.Tensor, sum(items_in_batch(b, shift) for b in micro_batches))
-        if distributed:
-            total = self.runtime.all_reduce(total.to(self.runtime.device))
+            total = torch.zeros((), dtype=torch.long)
+        else:  # a tensor: micro_batches is not empty (sum's type also allows its start, 0)
+            total = cast(torch.Tensor, sum(items_in_batch(b, shift) for b in micro_batches))
+            if distributed:
+                total = self.runtime.all_reduce(total.to(self.runtime.device))
+            if total.device.type != "cpu":  # not read back (no sync): an empty step weighs 0, not 0/0
+                total = total.clamp(min=1)
         if self._loss_facts.probe:  # once: does a **kwargs forward divide by num_items_in_batch?
             self._measure_loss_kwargs(micro_batches, total)
-        if total.device.type == "cpu" and not total and self._run is not None:  # no target anywhere
+        if total.device.type == "cpu" and not total and self._run is not None:
             self._run.note_empty_step()
         return total
 

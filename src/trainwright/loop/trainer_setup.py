@@ -187,6 +187,8 @@ class TrainerSetup:
         self._train_batch_size = args.train_batch_size  # as upstream (auto_find_batch_size keeps its size)
         self._hp_search = None
         self._overflow_detector = None
+        self._eval_dataloaders: dict[str, Any] = {}  # upstream's: kept eval loaders (persistent workers)
+        self._eval_dataloader_datasets: dict[str, Any] = {}
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
         self._memory_tracker.stop_and_update_metrics("init")
 
