@@ -268,6 +268,7 @@ class DataState:
         args, self.folder = self.trainer.args, folder
         if saved is not None and not args.ignore_data_skip:
             resume.check_position_args(args, self.run.runtime.world_size, saved, self.run.dataloader, folder)
+            ckpt.check_data_state(saved, folder, self.run.runtime.world_size, self.run.dataloader)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """The saved position (rescaled to this number of processes), data order and dataset state;
