@@ -11,7 +11,8 @@ transformers' `save_pretrained`, and loading either (or `pytorch_model.bin`, wei
 * `load_model_weights(model, directory, strict=True) -> WeightsLoadResult`: reads what
   `save_model_weights` or transformers wrote (`model.safetensors`, its sharded index, or
   `pytorch_model.bin` through `torch.load(weights_only=True)`); keys and shapes are checked before any
-  weight is copied.
+  weight is copied, and in a folder with a manifest (`checkpoint_complete.json`) only the files it
+  lists are read.
 * `safetensors_problem(path)`: a cheap check (header against size) before a resume loads anything.
 """
 
@@ -401,7 +402,9 @@ def load_model_weights(
     Aliases recorded at save time are filled in, and a key the file lacks is not missing when the model
     ties it to a key the file has (transformers drops tied weights such as `lm_head.weight`). With
     `strict=True` any missing or unexpected key raises `CheckpointError` before anything is copied; with
-    `strict=False` they are returned and warned about. Shape mismatches always raise.
+    `strict=False` they are returned and warned about. Shape mismatches always raise. Where the folder
+    has a manifest, a weight file or index it does not list (added after the checkpoint was written)
+    is refused naming it.
     """
     found = _find_weight_files(os.fspath(directory))
     model = unwrap_model(model)
