@@ -225,9 +225,10 @@ class AsyncCheckpointWriter:
         """Like `wait`, but return the write's error (as an `AsyncCheckpointError`) instead of raising
         it, and skip `on_done`: for a loop that is unwinding from another error.
 
-        `cancel` (the user aborted: Ctrl-C): the write stops at its next file and its hidden folder is
-        removed, as a synchronous save interrupted by Ctrl-C; one already committing its files is
-        finished. Either way a warning says which: the checkpoint is complete or absent."""
+        `cancel` (the user aborted: Ctrl-C): the write stops at its next file (with several processes,
+        once its files are written) and its hidden folder is removed, as a synchronous save interrupted
+        by Ctrl-C; one already committing its files is finished. Either way a warning says which: the
+        checkpoint is complete or absent."""
         write = self._pending
         if write is None:
             return None
@@ -325,15 +326,19 @@ def save_checkpoint_async(
     staged = {n: p.stage() for n, p in folder_parts.items()}
     group = collectives.group if collectives is not None else None
 
+    target = os.path.join(run_dir, name)
+
     def write(copy: dict[str, Any]) -> str:
         def write_files(tmp: str) -> None:
             for part_name, part in parts.items():  # the order of CheckpointManager.save
-                writer.check_cancelled(os.path.join(run_dir, name))
+                if collectives is None:  # with several processes a part may hold collectives all must join
+                    writer.check_cancelled(target)
                 if part_name in folder_parts:
                     part.save_staged(tmp, copy["staged"][part_name], group)
                 elif part_name in copy["states"]:
                     manager.write_state(tmp, part_name, copy["states"][part_name])
-            writer.check_cancelled(os.path.join(run_dir, name))
+            # every process gets to write_checkpoint's gather from here: a cancel discards it everywhere
+            writer.check_cancelled(target)
 
         return write_checkpoint(run_dir, name, write_files, runtime=collectives)
 
@@ -343,5 +348,5 @@ def save_checkpoint_async(
         if on_done is not None:
             on_done(path)
 
-    writer.save(os.path.join(run_dir, name), {"states": states, "staged": staged}, write, done)
+    writer.save(target, {"states": states, "staged": staged}, write, done)
     return True

@@ -7,8 +7,9 @@ checkpoint is being written is recorded and ignored, so it cannot interrupt the 
 atomic anyway). A second SIGINT (Ctrl-C pressed again) raises KeyboardInterrupt at once: the user
 asked to abort without waiting; a checkpoint being written is then discarded (its temporary folder
 removed; a background write, `async_save`, stops at its next file) and the previous one stays the
-newest. Only a checkpoint whose files are already being committed is finished, and the abort says so. Handlers are installed for the duration of
-`train()` only, and only from the main thread (Python delivers signals there).
+newest. Only a background write already committing its files is finished, and a warning says so.
+Handlers are installed for the duration of `train()` only, and only from the main thread (Python
+delivers signals there).
 
 DataLoader workers leave these signals to the main process (`shield_worker`, run in each worker):
 a scheduler (Slurm, systemd, Kubernetes) and torchrun signal the whole process group, and a worker
