@@ -1,5 +1,6 @@
 """Checkpoint folders: the Stateful parts a checkpoint holds (manager.py), atomic writes, discovery and
-rotation (folder.py), the manifest (verify.py), file formats (files.py, weights.py), RNG state, and
+rotation (folder.py), the manifest (manifest.py) and the checks of a folder and its JSON state (verify.py,
+state_checks.py), file formats (files.py, weights.py), RNG state, and
 `async_save`'s host snapshots and background writer (snapshot.py, async_writer.py).
 The names callers use are re-exported here."""
 
@@ -41,6 +42,7 @@ from trainwright.checkpoint.rng import (
     rng_state_file,
     save_rng_state,
 )
+from trainwright.checkpoint.state_checks import check_data_state
 from trainwright.checkpoint.verify import check_checkpoint_files, verify_checkpoint
 from trainwright.checkpoint.weights import WeightsLoadResult, load_model_weights, save_model_weights
 from trainwright.core.units import parse_size
@@ -65,6 +67,7 @@ __all__ = [
     "WeightsLoadResult",
     "capture_rng_state",
     "check_checkpoint_files",
+    "check_data_state",
     "clean_checkpoint_leftovers",
     "delete_checkpoint",
     "get_last_checkpoint",

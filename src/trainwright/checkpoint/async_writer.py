@@ -15,7 +15,8 @@
 * a job's error is raised by the next `poll` / `wait` / `submit` in the training thread, as an
   `AsyncCheckpointError` (a `CheckpointError`) naming the checkpoint folder (and the file, when the
   writer named it), with the original as `__cause__`; `drain()` returns it instead, for a loop that
-  is already failing with another error.
+  is already failing with another error; `drain(cancel=True)`, for a user's abort (Ctrl-C), stops
+  the write at its next file without committing it, as Ctrl-C stops a synchronous save.
 
 Why a thread and not a process: the snapshot is already a private host copy, and the write is
 dominated by file I/O, fsync and hashing, which release the GIL; the bench (`bench/checkpoint.py`)
@@ -53,6 +54,7 @@ __all__ = [
     "AsyncCheckpointWriter",
     "GroupCollectives",
     "StagedPart",
+    "WriteCancelled",
     "save_checkpoint_async",
 ]
 
@@ -61,6 +63,10 @@ logger = logging.getLogger(__name__)
 
 class AsyncCheckpointError(CheckpointError):
     """A checkpoint written in the background failed; the message names the folder (and file)."""
+
+
+class WriteCancelled(CheckpointError):
+    """A background write stopped by `drain(cancel=True)` before its commit: nothing was committed."""
 
 
 class GroupCollectives:
@@ -132,6 +138,7 @@ class AsyncCheckpointWriter:
         self.last_duration_s: float | None = None  # submit -> durable, of the last finished write
         self.last_blocked_s: float | None = None  # what the last `save` cost the calling thread
         self.writes = 0  # writes finished successfully
+        self._cancel = threading.Event()  # set by drain(cancel=True); the job checks it between files
 
     @property
     def snapshot_bytes(self) -> int:
@@ -175,6 +182,11 @@ class AsyncCheckpointWriter:
     def pending_target(self) -> str | None:
         return None if self._pending is None else self._pending.target
 
+    def check_cancelled(self, what: str) -> None:
+        """In a job, between files: raise `WriteCancelled` (naming `what`) once the write was cancelled."""
+        if self._cancel.is_set():
+            raise WriteCancelled(f"{what}: cancelled before its commit")
+
     def submit(
         self, target: str, job: Callable[[], Any], on_done: Callable[[Any], None] | None = None
     ) -> None:
@@ -184,6 +196,7 @@ class AsyncCheckpointWriter:
         the thread that calls `poll`/`wait`/`submit` after `job` succeeded.
         """
         self.wait()
+        self._cancel.clear()
         write = _Write(target, job, on_done)
         thread = threading.Thread(target=write.run, name=self.name, daemon=False)
         # Not a daemon: an interpreter that exits while a write runs lets it finish instead of
@@ -208,18 +221,37 @@ class AsyncCheckpointWriter:
         write.done.wait()
         self._finish(write)
 
-    def drain(self) -> BaseException | None:
+    def drain(self, cancel: bool = False) -> BaseException | None:
         """Like `wait`, but return the write's error (as an `AsyncCheckpointError`) instead of raising
-        it, and skip `on_done`: for a loop that is unwinding from another error."""
+        it, and skip `on_done`: for a loop that is unwinding from another error.
+
+        `cancel` (the user aborted: Ctrl-C): the write stops at its next file (with several processes,
+        once its files are written) and its hidden folder is removed, as a synchronous save interrupted
+        by Ctrl-C; one already committing its files is finished. Either way a warning says which: the
+        checkpoint is complete or absent."""
         write = self._pending
         if write is None:
             return None
+        if cancel:
+            self._cancel.set()
         write.done.wait()
         self._pending = None
         if write.finished is not None:
             self.last_duration_s = write.finished - write.submitted
         if write.error is None:
             self.writes += 1
+            if cancel:
+                logger.warning(
+                    "Aborted: %s was already being committed when the abort came; it is complete and kept.",
+                    write.target,
+                )
+            return None
+        if cancel and isinstance(write.error, WriteCancelled):
+            logger.warning(
+                "Aborted: %s, being written in the background, was discarded (nothing of it is left); "
+                "the checkpoints before it are untouched.",
+                write.target,
+            )
             return None
         return self._error(write)
 
@@ -296,13 +328,19 @@ def save_checkpoint_async(
     staged = {n: p.stage() for n, p in folder_parts.items()}
     group = collectives.group if collectives is not None else None
 
+    target = os.path.join(run_dir, name)
+
     def write(copy: dict[str, Any]) -> str:
         def write_files(tmp: str) -> None:
             for part_name, part in parts.items():  # the order of CheckpointManager.save
+                if collectives is None:  # with several processes a part may hold collectives all must join
+                    writer.check_cancelled(target)
                 if part_name in folder_parts:
                     part.save_staged(tmp, copy["staged"][part_name], group)
                 elif part_name in copy["states"]:
                     manager.write_state(tmp, part_name, copy["states"][part_name])
+            # every process gets to write_checkpoint's gather from here: a cancel discards it everywhere
+            writer.check_cancelled(target)
 
         return write_checkpoint(run_dir, name, write_files, runtime=collectives)
 
@@ -314,5 +352,5 @@ def save_checkpoint_async(
         if on_done is not None:
             on_done(path)
 
-    writer.save(os.path.join(run_dir, name), {"states": states, "staged": staged}, write, done)
+    writer.save(target, {"states": states, "staged": staged}, write, done)
     return True

@@ -75,17 +75,28 @@ class CheckpointFileNotFoundError(CheckpointError, FileNotFoundError):
 # -- small file helpers ---------------------------------------------------------------------------
 
 
+# What torch's serializer says when a write fails: its zip writer (`[enforce fail at
+# inline_container.cc:672] ... unexpected pos`), and the C++ stream it writes through, which on a full
+# disk fails only when the end of a small file is flushed (`basic_ios::clear: iostream error`;
+# libc++: `ios_base::clear: unspecified iostream_category error`).
+_TORCH_WRITE_ERRORS = (
+    "inline_container",
+    "PytorchStreamWriter",
+    "file write failed",
+    "basic_ios",
+    "iostream",
+)
+
+
 def is_write_error(exc: BaseException) -> bool:
-    """An error from writing a file: OSError, torch's serializer (a RuntimeError such as
-    `[enforce fail at inline_container.cc:672] ... unexpected pos`), safetensors' SafetensorError."""
+    """An error from writing a file: OSError, torch's serializer (a RuntimeError, see
+    `_TORCH_WRITE_ERRORS`), safetensors' SafetensorError."""
     if isinstance(exc, (OSError, CheckpointWriteError)):
         return True
     if type(exc).__name__ == "SafetensorError":
         return True
     text = str(exc)
-    return isinstance(exc, RuntimeError) and any(
-        marker in text for marker in ("inline_container", "PytorchStreamWriter", "file write failed")
-    )
+    return isinstance(exc, RuntimeError) and any(marker in text for marker in _TORCH_WRITE_ERRORS)
 
 
 # Below this many free bytes a write error from a serializer that does not report errno (torch's
@@ -156,9 +167,11 @@ def file_missing(path: str) -> CheckpointFileNotFoundError:
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     """Write `obj` as indented JSON: to a hidden sibling first, fsynced, then renamed over `path`
-    (`core.files.write_json`); a value JSON cannot hold is a `CheckpointError` naming the file."""
+    (`core.files.write_json`); a value JSON cannot hold is a `CheckpointError` naming the file, and
+    so is a write error (a `CheckpointWriteError`)."""
     try:
-        files.write_json(path, obj)
+        with writing_file(os.fspath(path)):  # a full disk names the file
+            files.write_json(path, obj)
     except files.JSONFileError as exc:
         raise CheckpointError(str(exc)) from exc.__cause__
 

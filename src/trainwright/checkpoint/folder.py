@@ -45,7 +45,8 @@ from trainwright.checkpoint.files import (
     is_write_error,
     write_json,
 )
-from trainwright.checkpoint.verify import CHECKSUM_ALGORITHM, file_checksum, verify_checkpoint
+from trainwright.checkpoint.manifest import file_checksum, manifest_for
+from trainwright.checkpoint.verify import verify_checkpoint
 
 # `.{name}.tmp-<token>`: being written; `.{name}.old-<token>`: a checkpoint being replaced by a new save
 # of the same name; `.{name}.trash-<token>`: being deleted by rotation.
@@ -238,14 +239,7 @@ def _commit(output_dir: str, tmp: str, final: str, name: str) -> None:
         flushed = pool.submit(flush_all)
         checksums = {rel: file_checksum(p) for rel, p in zip(files, paths)}
         flushed.result()
-    manifest = {
-        "format": 1,
-        "name": name,
-        "files": files,
-        "checksum": CHECKSUM_ALGORITHM,
-        "checksums": checksums,
-    }
-    write_json(os.path.join(tmp, CHECKPOINT_COMPLETE_NAME), manifest)
+    write_json(os.path.join(tmp, CHECKPOINT_COMPLETE_NAME), manifest_for(name, files, checksums))
     fsync_file(os.path.join(tmp, CHECKPOINT_COMPLETE_NAME))
     for root, _dirs, _names in os.walk(tmp, topdown=False):
         fsync_dir(root)
@@ -292,6 +286,12 @@ def _failure(output_dir: str, name: str, exc: BaseException, tmp: str | None = N
     elif is_write_error(exc):
         cause, full = describe_write_error(exc, tmp or output_dir)
         where = getattr(exc, "filename", None) if isinstance(exc, OSError) else None
+        if (
+            where is not None
+            and tmp
+            and os.path.abspath(str(where)).startswith(os.path.abspath(tmp) + os.sep)
+        ):
+            where = f"while writing {os.path.relpath(where, tmp)}"  # e.g. an fsync that failed (NFS)
         if where is None:  # another serializer (save_pretrained, a custom save_model) that names no file;
             newest = _newest_file(tmp)  # safetensors removes its partial file, so this is only a clue
             where = f"the writer named no file; the newest in the folder is {newest}" if newest else None

@@ -2,16 +2,16 @@
 checksums of every file), and the files a resume needs, present and readable, before any work.
 
 * `verify_checkpoint(path) -> list[str]`: problems (missing files, sizes or checksums that differ from
-  the manifest, symbolic links); an empty list means complete.
+  the manifest, a manifest that can't check its files, files it does not list that a resume would
+  read, symbolic links); an empty list means complete. The manifest's rules are in `manifest.py`.
 * `check_checkpoint_files(path, need=(...), *, rank=0, world_size=1) -> list[str]`: the parts a resume
-  needs (names of `layout.PARTS`), present and readable (JSON parses, archives and safetensors
-  headers intact).
-* `file_checksum(path)`: the checksum the manifest records (`CHECKSUM_ALGORITHM`).
+  needs (names of `layout.PARTS`), present and readable (JSON parses with the fields a resume reads,
+  archives and safetensors headers intact).
+* `file_checksum(path)`: the checksum the manifest records (`CHECKSUM_ALGORITHM`; from `manifest.py`).
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections.abc import Iterable
 
@@ -28,7 +28,15 @@ from trainwright.checkpoint.files import (
     torch_file_problem,
 )
 from trainwright.checkpoint.layout import PARTS, PartSpec
+from trainwright.checkpoint.manifest import (  # noqa: F401  (CHECKSUM_ALGORITHM, file_checksum: re-exported)
+    CHECKSUM_ALGORITHM,
+    ManifestError,
+    file_checksum,
+    manifest_problems,
+    read_manifest,
+)
 from trainwright.checkpoint.rng import rng_state_file
+from trainwright.checkpoint.state_checks import STATE_FILE_CHECKS
 from trainwright.checkpoint.weights import safetensors_problem
 
 # -- the manifest and the files -----------------------------------------------------------------------------------
@@ -43,6 +51,8 @@ def _weights_problems(path: str) -> list[str]:
             return [f"{WEIGHTS_INDEX_NAME} is unreadable: {exc}"]
         if not isinstance(weight_map, dict):
             return [f"{WEIGHTS_INDEX_NAME} has no 'weight_map' object"]
+        if not all(isinstance(f, str) for f in weight_map.values()):
+            return [f"{WEIGHTS_INDEX_NAME} maps a tensor to something other than a file name"]
         return [
             f"{f} is missing"
             for f in sorted(set(weight_map.values()))
@@ -62,21 +72,6 @@ def _weights_problems(path: str) -> list[str]:
     return [f"no model weights ({WEIGHTS_NAME}, {WEIGHTS_INDEX_NAME} or {PT_WEIGHTS_NAME})"]
 
 
-CHECKSUM_ALGORITHM = "xxh3_64"
-
-
-def file_checksum(path: str) -> str:
-    """xxh3-64 of a file's bytes (about 30 GB/s from the page cache: a few % of a save)."""
-    import xxhash
-
-    digest = xxhash.xxh3_64()
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size:
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
-                digest.update(view)
-    return digest.hexdigest()
-
-
 def _links_in(path: str) -> list[str]:
     found = []
     for root, dirs, names in os.walk(path):
@@ -90,8 +85,10 @@ def verify_checkpoint(path: str | os.PathLike, checksums: bool = True) -> list[s
     """Problems with a checkpoint folder; an empty list means it is complete.
 
     With `checkpoint_complete.json` every listed file must exist with its recorded size and (when
-    `checksums`) its recorded checksum, so same-size damage is caught too. Without it (a folder
-    written by transformers, which has no marker) it needs `trainer_state.json` and model weights.
+    `checksums`) its recorded checksum, so same-size damage is caught too; a manifest that does not
+    say how to verify every file it lists is a problem, and so is a file a resume would read (weights,
+    an index, a part's file) that it does not list. Without it (a folder written by transformers,
+    which has no marker) it needs `trainer_state.json` and model weights.
     A checkpoint folder, or anything in it, that is a symbolic link is refused: its files must be
     its own.
     """
@@ -103,34 +100,18 @@ def verify_checkpoint(path: str | os.PathLike, checksums: bool = True) -> list[s
     links = _links_in(path)
     if links:
         return [f"{rel} is a symbolic link (a checkpoint's files must be its own)" for rel in links]
-    marker = os.path.join(path, CHECKPOINT_COMPLETE_NAME)
-    if not os.path.exists(marker):
+    try:
+        manifest = read_manifest(path)
+    except ManifestError as exc:
+        return exc.problems
+    if manifest is None:  # a folder transformers wrote: no manifest
         problems = (
             []
             if os.path.isfile(os.path.join(path, TRAINER_STATE_NAME))
             else [f"{TRAINER_STATE_NAME} is missing"]
         )
         return problems + _weights_problems(path)
-    try:
-        manifest = read_json(marker)
-        files = manifest.get("files")
-    except (CheckpointError, AttributeError) as exc:
-        return [f"{CHECKPOINT_COMPLETE_NAME} is unreadable: {exc}"]
-    if not isinstance(files, dict):
-        return [f"{CHECKPOINT_COMPLETE_NAME} has no 'files' object"]
-    sums = manifest.get("checksums") if checksums and manifest.get("checksum") == CHECKSUM_ALGORITHM else None
-    problems = []
-    for rel, size in sorted(files.items()):
-        full = os.path.join(path, rel)
-        if not os.path.isfile(full):
-            problems.append(f"{rel} is missing")
-        elif os.path.getsize(full) != size:
-            problems.append(f"{rel} has {os.path.getsize(full)} bytes, expected {size}")
-        elif isinstance(sums, dict) and rel in sums and file_checksum(full) != sums[rel]:
-            problems.append(
-                f"{rel} is damaged (its checksum differs from the one recorded when it was written)"
-            )
-    return problems
+    return manifest_problems(path, manifest, checksums)
 
 
 def check_checkpoint_files(
@@ -143,8 +124,10 @@ def check_checkpoint_files(
     """Which of the parts a resume needs are missing or damaged, each message naming file and folder.
 
     `need`: part names of `layout.PARTS` ("model", "optimizer", "scheduler", "scaler", "trainer_state",
-    "data_state", "rng" (this rank's file), ...). Checks are cheap (no tensor is loaded): JSON parses,
-    `torch.save` archives have an intact zip directory, safetensors sizes match their headers.
+    "data_state", "rng" (this rank's file), ...); the JSON state every resume reads when present
+    (data_state.json) is checked too. Checks are cheap (no tensor is loaded): JSON parses and its
+    fields have the types a resume reads (`state_checks.py`), `torch.save` archives have an intact zip
+    directory, safetensors sizes match their headers.
     """
     need = list(need)
     unknown = [n for n in need if n not in PARTS]
@@ -156,6 +139,10 @@ def check_checkpoint_files(
     problems = verify_checkpoint(path) if os.path.exists(os.path.join(path, CHECKPOINT_COMPLETE_NAME)) else []
     for item in need:
         problems += _part_problems(path, PARTS[item], rank, world_size)
+    for item, row in PARTS.items():  # JSON state every resume reads when it is there (data_state.json)
+        optional = item not in need and not row.required
+        if optional and row.kind == "json" and os.path.exists(os.path.join(path, row.file)):
+            problems += _part_problems(path, row, rank, world_size)
     return [p if path in p else f"{p} (in {path})" for p in dict.fromkeys(problems)]
 
 
@@ -167,12 +154,13 @@ def _part_problems(path: str, row: PartSpec, rank: int, world_size: int) -> list
         return [p for p in [torch_file_problem(file)] if p]
     if row.kind == "json":
         try:
-            read_json(file)
+            state = read_json(file)
         except CheckpointFileNotFoundError:
             return [f"{row.file} is missing"]
         except CheckpointError as exc:
             return [str(exc)]
-        return []
+        check = STATE_FILE_CHECKS.get(row.file)
+        return check(state) if check is not None else []
     return [] if os.path.exists(file) else [f"{row.file} is missing"]
 
 

@@ -11,7 +11,8 @@ transformers' `save_pretrained`, and loading either (or `pytorch_model.bin`, wei
 * `load_model_weights(model, directory, strict=True) -> WeightsLoadResult`: reads what
   `save_model_weights` or transformers wrote (`model.safetensors`, its sharded index, or
   `pytorch_model.bin` through `torch.load(weights_only=True)`); keys and shapes are checked before any
-  weight is copied.
+  weight is copied, and in a folder with a manifest (`checkpoint_complete.json`) only the files it
+  lists are read.
 * `safetensors_problem(path)`: a cheap check (header against size) before a resume loads anything.
 """
 
@@ -47,6 +48,7 @@ from trainwright.checkpoint.files import (
     write_json,
     writing_file,
 )
+from trainwright.checkpoint.manifest import check_listed
 from trainwright.core.modules import unwrap_model
 from trainwright.core.units import parse_size
 
@@ -277,12 +279,17 @@ def _find_weight_files(directory: str) -> _WeightFiles:
         raise CheckpointError(
             f"{join(directory, links[0])} is a symbolic link: a checkpoint's files must be its own"
         )
+    # where the folder has a manifest, only the files it lists are read (an index or shard added
+    # later would otherwise take precedence unchecked)
     if os.path.isfile(join(directory, WEIGHTS_INDEX_NAME)):
+        check_listed(directory, [join(directory, WEIGHTS_INDEX_NAME)])
         files, index = _shard_files(directory, WEIGHTS_INDEX_NAME)
+        check_listed(directory, files)
         aliases = (index.get("metadata") or {}).get(ALIASES_KEY) or {}
         return _WeightFiles("safetensors", files, dict(aliases), join(directory, WEIGHTS_INDEX_NAME))
     if os.path.isfile(join(directory, WEIGHTS_NAME)):
         path = join(directory, WEIGHTS_NAME)
+        check_listed(directory, [path])
         try:
             with safe_open(path, framework="pt") as f:
                 meta = f.metadata() or {}
@@ -291,10 +298,13 @@ def _find_weight_files(directory: str) -> _WeightFiles:
         aliases = json.loads(meta[ALIASES_KEY]) if ALIASES_KEY in meta else {}
         return _WeightFiles("safetensors", [path], aliases, path)
     if os.path.isfile(join(directory, PT_WEIGHTS_INDEX_NAME)):
+        check_listed(directory, [join(directory, PT_WEIGHTS_INDEX_NAME)])
         files, _ = _shard_files(directory, PT_WEIGHTS_INDEX_NAME)
+        check_listed(directory, files)
         return _WeightFiles("pt", files, {}, join(directory, PT_WEIGHTS_INDEX_NAME))
     if os.path.isfile(join(directory, PT_WEIGHTS_NAME)):
         path = join(directory, PT_WEIGHTS_NAME)
+        check_listed(directory, [path])
         return _WeightFiles("pt", [path], {}, path)
     raise CheckpointFileNotFoundError(
         f"no model weights in checkpoint folder {directory}: expected {WEIGHTS_NAME}, {WEIGHTS_INDEX_NAME} "
@@ -392,7 +402,9 @@ def load_model_weights(
     Aliases recorded at save time are filled in, and a key the file lacks is not missing when the model
     ties it to a key the file has (transformers drops tied weights such as `lm_head.weight`). With
     `strict=True` any missing or unexpected key raises `CheckpointError` before anything is copied; with
-    `strict=False` they are returned and warned about. Shape mismatches always raise.
+    `strict=False` they are returned and warned about. Shape mismatches always raise. Where the folder
+    has a manifest, a weight file or index it does not list (added after the checkpoint was written)
+    is refused naming it.
     """
     found = _find_weight_files(os.fspath(directory))
     model = unwrap_model(model)
@@ -414,22 +426,38 @@ def load_model_weights(
 
 
 def safetensors_problem(path: str) -> str | None:
-    """Why a safetensors file is unreadable or truncated (header vs size), or None if it looks whole."""
+    """Why a safetensors file is unreadable, truncated or has a damaged header (an entry without two
+    byte offsets), or None if it looks whole; the message names the file."""
+    name = os.path.basename(path)
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
             head = f.read(8)
             if len(head) < 8:
-                return f"{os.path.basename(path)} is truncated ({size} bytes)"
+                return f"{name} is truncated ({size} bytes)"
             (n,) = struct.unpack("<Q", head)
             if n > size - 8:
-                return f"{os.path.basename(path)} is truncated (header of {n} bytes, file of {size})"
+                return f"{name} is truncated (header of {n} bytes, file of {size})"
             header = json.loads(f.read(n))
     except FileNotFoundError:
-        return f"{os.path.basename(path)} is missing"
+        return f"{name} is missing"
     except (OSError, ValueError) as exc:
-        return f"{os.path.basename(path)} is corrupt: {exc}"
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        return f"{name} is corrupt: {exc}"
+    if not isinstance(header, dict):
+        return f"{name} is corrupt: its header is not a JSON object"
+    ends = []
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(o) is int and o >= 0 for o in offsets)
+        ):
+            return f"{name} is corrupt: its header's entry {key!r} has no valid 'data_offsets'"
+        ends.append(offsets[1])
+    end = max(ends, default=0)
     if 8 + n + end != size:
-        return f"{os.path.basename(path)} has {size} bytes, its header describes {8 + n + end}"
+        return f"{name} has {size} bytes, its header describes {8 + n + end}"
     return None

@@ -34,10 +34,15 @@ class JSONFileError(ValueError):
 
 
 def fsync_file(path: str | os.PathLike) -> None:
-    """Flush a file's data to stable storage."""
+    """Flush a file's data to stable storage; an error names the file (NFS and other network
+    filesystems report a full disk or quota only here)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise type(exc)(exc.errno, exc.strerror, os.fspath(path)) from exc
     finally:
         os.close(fd)
 

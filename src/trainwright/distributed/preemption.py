@@ -6,8 +6,10 @@ checkpoint, fires on_train_end and exits with status 0. A second SIGTERM/SIGUSR1
 checkpoint is being written is recorded and ignored, so it cannot interrupt the save (and the save is
 atomic anyway). A second SIGINT (Ctrl-C pressed again) raises KeyboardInterrupt at once: the user
 asked to abort without waiting; a checkpoint being written is then discarded (its temporary folder
-removed) and the previous one stays the newest. Handlers are installed for the duration of
-`train()` only, and only from the main thread (Python delivers signals there).
+removed; a background write, `async_save`, stops at its next file) and the previous one stays the
+newest. Only a background write already committing its files is finished, and a warning says so.
+Handlers are installed for the duration of `train()` only, and only from the main thread (Python
+delivers signals there).
 
 DataLoader workers leave these signals to the main process (`shield_worker`, run in each worker):
 a scheduler (Slurm, systemd, Kubernetes) and torchrun signal the whole process group, and a worker
@@ -46,7 +48,10 @@ class PreemptionGuard:
                 " Press Ctrl-C again to abort without saving." if sig == signal.SIGINT else "",
             )
         elif sig == signal.SIGINT:
-            logger.warning("Received SIGINT again: aborting without a checkpoint.")
+            logger.warning(
+                "Received SIGINT again: aborting without a checkpoint; one still being written (also in the "
+                "background) is discarded, the checkpoints before it are untouched."
+            )
             raise KeyboardInterrupt
         else:
             logger.warning("Received %s again: already saving and stopping.", sig.name)

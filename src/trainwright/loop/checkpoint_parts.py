@@ -85,10 +85,7 @@ def build_parts(
         first = _first_nonfinite(windows)
         if first is not None:  # a step since the last log row was not finite: this checkpoint is not
             run.note_nonfinite(trainer.state.global_step - run.cursor.steps_since_log + 1 + first)
-    # data_state first: its check (the position on this run's geometry) sizes the schedule that
-    # the scheduler's check rebuilds; files are independent, so the order changes no byte written
     parts: dict[str, Any] = {
-        "data_state": DataState(trainer, run, windows),
         "model": ModelFiles(trainer, run, main, restore_from, engine_parts),
         **engine_parts,
     }
@@ -98,6 +95,7 @@ def build_parts(
         if trainer.scaler is not None:
             parts["scaler"] = trainer.scaler
         parts["rng"] = RngPart(trainer)
+    parts["data_state"] = DataState(trainer, run, windows)
     parts["trainer_state"] = TrainerStateFile(trainer)
     for cb in trainer.callback_handler.callbacks:  # callbacks that are checkpoint parts of their own
         name = getattr(cb, "checkpoint_part", None)
@@ -212,30 +210,38 @@ class OptimizerPart:
 
 
 class SchedulerPart:
-    """The Trainer's learning-rate scheduler; on restore the checkpoint's schedule continues (a
-    Trainer-made scheduler is rebuilt from its arguments before the optimizer state loads)."""
+    """The Trainer's learning-rate scheduler; on restore the checkpoint's schedule continues: a
+    Trainer-made scheduler is rebuilt from the checkpoint's schedule arguments, over this run's
+    steps (re-sized by a resume in another batch geometry), keeping the rates the optimizer holds."""
 
     def __init__(self, trainer: CheckpointedTrainer, run: TrainingRun) -> None:
         self.trainer, self.run = trainer, run
+        self.folder = ""
 
     def state_dict(self) -> dict[str, Any]:
         return self.trainer.lr_scheduler.state_dict()
 
     def check(self, saved: dict[str, Any] | None, folder: str) -> None:
-        trainer = self.trainer
-        if saved is not None and trainer.optimizer is not None:
-            trainer.lr_scheduler = resume.keep_saved_schedule(
+        self.folder = folder
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        trainer, optimizer = self.trainer, self.trainer.optimizer
+        if optimizer is not None:
+            rates = [group["lr"] for group in optimizer.param_groups]  # the checkpoint's, loaded before
+            scheduler = resume.keep_saved_schedule(
                 trainer.args,
                 trainer.lr_scheduler,
-                trainer.optimizer,
+                optimizer,
                 self.run.max_steps,
-                folder,
+                self.folder,
                 trainer._created_scheduler,
                 resized=self.run.schedule_resized,
             )
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.trainer.lr_scheduler.load_state_dict(state_dict)
+            if scheduler is not trainer.lr_scheduler:  # a new scheduler sets the rates of its step 0
+                trainer.lr_scheduler = scheduler
+                for group, rate in zip(optimizer.param_groups, rates):
+                    group["lr"] = rate
+        trainer.lr_scheduler.load_state_dict(state_dict)
 
 
 class RngPart(RngState):
@@ -288,6 +294,7 @@ class DataState:
         if saved is None or args.ignore_data_skip:
             return
         run, world_size = self.run, self.run.runtime.world_size
+        ckpt.check_data_state(saved, folder, world_size, run.dataloader)  # fields a resume reads, in range
         resume.warn_changed_workers(args, folder)
         changed = resume.check_position_args(args, world_size, saved, run.dataloader, folder)
         if not changed or not resume.say_geometry_change(folder, changed, saved, args, world_size):

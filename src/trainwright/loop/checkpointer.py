@@ -225,7 +225,7 @@ class Checkpointer:
         writer = self.writer
         if writer is None or not writer.pending:
             return
-        error = writer.drain()
+        error = writer.drain(cancel=isinstance(sys.exc_info()[1], KeyboardInterrupt))  # Ctrl-C: not committed
         if error is None:
             return
         logger.error("%s", error)
