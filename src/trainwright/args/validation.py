@@ -250,6 +250,15 @@ def _check_batches_and_length(args: Any) -> None:
         raise invalid(args, "neftune_noise_alpha", "expected None or a number > 0 (the paper used 5 to 15)")
     if args.liger_kernel_config and not args.use_liger_kernel:
         raise invalid(args, "liger_kernel_config", "it is only used with use_liger_kernel=True: set that too")
+    for name in ("fused_linear_cross_entropy", "padding_free"):
+        if not isinstance(getattr(args, name), bool):
+            raise invalid(args, name, "expected True or False")
+    if args.fused_linear_cross_entropy and args.use_liger_kernel:
+        raise invalid(
+            args,
+            "fused_linear_cross_entropy",
+            "use_liger_kernel=True already fuses the head's loss with Liger's kernel: set one of the two",
+        )
     check_int(args, "save_total_limit", 1, optional=True)
     check_int(args, "ddp_timeout", 1)
     for name in ("seed", "data_seed"):

@@ -26,7 +26,7 @@ from trainwright.distributed import fsdp
 from trainwright.distributed.preemption import PreemptionGuard
 from trainwright.distributed.runtime import Runtime
 from trainwright.loop.evaluation import EvalGatherer
-from trainwright.modeling import liger
+from trainwright.modeling import fused_loss, liger
 from trainwright.modeling.loss import batch_size
 from trainwright.modeling.past_state import PastState
 from trainwright.observe.memory import TrainerMemoryTracker
@@ -296,7 +296,8 @@ def prediction_step(
         if has_labels or loss_without_labels:
             if prediction_loss_only and liger.is_applied(model):  # Liger skips the logits (upstream)
                 inputs = {**inputs, "skip_logits": True}
-            loss, outputs = trainer.compute_loss(model, inputs, return_outputs=True)
+            with fused_loss.loss_only(prediction_loss_only):  # then the fused loss may skip the logits
+                loss, outputs = trainer.compute_loss(model, inputs, return_outputs=True)
             loss = loss.detach().mean()
             skip = set(ignore_keys) | {"loss"}
             if isinstance(outputs, dict):

@@ -29,6 +29,7 @@ from trainwright.loop import async_saves, batch_size_finder, hub, prediction, re
 from trainwright.loop import checkpointing as training_checkpoint
 from trainwright.loop.trainer_api import TrainerAPI
 from trainwright.loop.trainer_setup import enable_activation_checkpointing
+from trainwright.modeling import model_path
 from trainwright.modeling.loss import (
     LossWindow,
     batch_size,
@@ -456,7 +457,7 @@ class Trainer(TrainerAPI):
         if passes:
             assert num_items_in_batch is not None  # passes checks it
             inputs = {**inputs, "num_items_in_batch": num_items_in_batch.to(self.runtime.device)}
-        outputs = model(**inputs)
+        outputs, labels = model_path.forward(self, model, inputs, labels, num_items_in_batch, return_outputs)
         if self._past_state is not None:
             self._past_state.keep(outputs)
         if labels is not None:
