@@ -16,6 +16,7 @@ the token-weighted accumulation are those of the padded batches, while the token
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 
 from trainwright.data.collators import PaddingCollator, _pad_sequences, default_data_collator
-from trainwright.data.columns import unwrap_model
+from trainwright.data.columns import forward_arg_names, unwrap_model
 from trainwright.data.kinds import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)
@@ -190,5 +191,13 @@ def run_collator(args: Any, collator: Callable, model: Any) -> Callable:
             f"padding_free=True: {type(unwrap_model(model)).__name__} is an encoder-decoder model, whose "
             "encoder and decoder sequences cannot share one packed row. Set padding_free=False."
         )
+    forward = getattr(unwrap_model(model), "forward", None)
+    if forward is not None and "position_ids" not in forward_arg_names(model):
+        params = inspect.signature(forward).parameters.values()
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            raise ValueError(
+                f"padding_free=True: {type(unwrap_model(model)).__name__}'s forward takes no position_ids, "
+                "which is how a packed row tells its samples apart. Set padding_free=False."
+            )
     attention = str(getattr(config, "_attn_implementation", None) or "")
     return padding_free_collator(collator, flash_attention=attention.startswith("flash_attention"))
