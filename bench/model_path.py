@@ -1,15 +1,17 @@
 """The model path on the CPU: the fused loss's peak memory and padding-free packing's real tokens/s,
 each against transformers.Trainer measured in the same run.
 
-    python bench/model_path.py [--steps 3] [--pack-steps 4] [--skip memory|packing] [--threads 2]
-                               [--malloc fixed|default]
+    python bench/model_path.py [--steps 3] [--pack-steps 4] [--skip memory|packing] [--threads 1]
+                               [--clock thread|wall] [--malloc fixed|default]
 
 (a) **Fused loss** (`fused_linear_cross_entropy=True`), per model: GPT-2 (6 layers, 50,257
 vocabulary) and a Llama-style config with a 128,256 vocabulary, batch 8 x 512 random tokens, fp32,
 AdamW. Three variants, each in a fresh process: transformers.Trainer (the model's own loss),
 trainwright with its own loss, trainwright fused. Peak RSS is the process's high-water mark
 (`VmHWM`) reset after the model and data are built, so it is the training steps' peak; steps/s are
-steady (from the end of the first step to the end of the last). A fourth process checks one batch:
+steady (from the end of the first step to the end of the last), on this thread's CPU time by
+default (one torch thread does all the work, so other processes on a shared machine do not count;
+`--clock wall --threads 0` for the wall clock on every core). A fourth process checks one batch:
 the fused loss and every gradient against the model's own (relative gaps).
 
 (b) **Packing** (`padding_free=True`) on a variable-length corpus made from CPython's own standard
@@ -126,6 +128,12 @@ def stdlib_corpus(folder: str, n: int = 400, low: int = 20, high: int = 1000) ->
 
 
 # ----------------------------------------------------------------------------------- measurements
+# --clock thread (the default, with --threads 1): the step clock is this thread's CPU time, which is
+# all the work (no DataLoader workers), so other processes on a shared machine do not count against
+# whichever variant they overlap; --clock wall: the wall clock
+_now = time.thread_time
+
+
 def reset_peak() -> None:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
@@ -145,7 +153,7 @@ def _clock(lib):
             self.times: list[float] = []
 
         def on_step_end(self, args, state, control, **kwargs):
-            self.times.append(time.perf_counter())
+            self.times.append(_now())
 
     return Clock()
 
@@ -256,16 +264,12 @@ def packing_variant(spec: dict) -> dict:
 VARIANTS = {"memory": memory_variant, "equality": equality_variant, "packing": packing_variant}
 
 
-def run_child(spec: dict, threads: int) -> dict:
+CHILD_FLAGS: list[str] = []  # --threads and --clock, passed on to every variant
+
+
+def run_child(spec: dict) -> dict:
     """Run one variant in a fresh process; its result."""
-    cmd = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--variant",
-        json.dumps(spec),
-        "--threads",
-        str(threads),
-    ]
+    cmd = [sys.executable, os.path.abspath(__file__), "--variant", json.dumps(spec), *CHILD_FLAGS]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -274,13 +278,13 @@ def run_child(spec: dict, threads: int) -> dict:
 
 
 # ----------------------------------------------------------------------------------- report
-def bench_memory(steps: int, threads: int) -> None:
+def bench_memory(steps: int) -> None:
     for key, label in MODELS.items():
         runs = {
-            t: run_child({"kind": "memory", "model": key, "trainer": t, "steps": steps}, threads)
+            t: run_child({"kind": "memory", "model": key, "trainer": t, "steps": steps})
             for t in ("hf", "tw", "tw-fused")
         }
-        eq = run_child({"kind": "equality", "model": key}, threads)
+        eq = run_child({"kind": "equality", "model": key})
         hf, tw, fused = runs["hf"], runs["tw"], runs["tw-fused"]
         print(f"\n{label}: {steps} steps, {hf['threads']} threads")
         for name, r in (("transformers.Trainer", hf), ("trainwright", tw), ("trainwright fused", fused)):
@@ -300,9 +304,11 @@ def bench_memory(steps: int, threads: int) -> None:
         )
 
 
-def bench_packing(steps: int, threads: int) -> None:
+def bench_packing(steps: int) -> None:
     with tempfile.TemporaryDirectory() as folder:
         corpus = stdlib_corpus(folder)
+        with open(corpus["path"]) as f:
+            corpus["samples"] = json.load(f)["samples"]
         lengths = corpus["lengths"]
         label = (
             f"CPython {sys.version_info.major}.{sys.version_info.minor} stdlib functions and classes "
@@ -310,20 +316,32 @@ def bench_packing(steps: int, threads: int) -> None:
             f"batch {PACK_BATCH})"
         )
         runs = {
-            t: run_child({"kind": "packing", "trainer": t, "steps": steps, "data": corpus["path"]}, threads)
+            t: run_child({"kind": "packing", "trainer": t, "steps": steps, "data": corpus["path"]})
             for t in ("hf", "tw")
         }
     hf, tw = runs["hf"], runs["tw"]
     print(
         f"\npacking: GPT-2 (6 layers, dropout off), {steps} steps, {hf['threads']} threads, {corpus['texts']} texts"
     )
-    gaps = [abs(a - b) / abs(b) for a, b in zip(tw["losses"], hf["losses"], strict=True)]
+    # transformers.Trainer divides each step's summed loss by its unshifted label count (every real
+    # token), trainwright by the targets of a causal LM (every token but each sample's first): the
+    # same summed loss per token once that is undone
+    samples = corpus["samples"]
+    ratios = [
+        sum(len(s) - 1 for s in samples[k * PACK_BATCH : (k + 1) * PACK_BATCH])
+        / sum(len(s) for s in samples[k * PACK_BATCH : (k + 1) * PACK_BATCH])
+        for k in range(len(tw["losses"]))
+    ]
+    gaps = [abs(a * r - b) / abs(b) for a, b, r in zip(tw["losses"], hf["losses"], ratios, strict=True)]
     for name, r in (("transformers.Trainer padded", hf), ("trainwright padding_free", tw)):
         print(
             f"  {name:30s} {r['real_tokens_per_s']:8.1f} real tokens/s   peak RSS {r['peak_mb']:6.0f} MB   "
             f"losses {' '.join(f'{v:.5f}' for v in r['losses'])}"
         )
-    print(f"  per-step loss, packed vs padded: largest relative gap {max(gaps):.1e}")
+    print(
+        "  per-step summed loss per token, packed vs padded (transformers.Trainer's unshifted token count "
+        f"undone): largest relative gap {max(gaps):.1e}"
+    )
     print(
         f"packed real tokens/s / transformers.Trainer padded, {label}: {tw['real_tokens_per_s'] / hf['real_tokens_per_s']:.3f}"
     )
@@ -335,8 +353,9 @@ def main() -> int:
     p.add_argument("--pack-steps", type=int, default=4, help="training steps per packing variant (>= 2)")
     p.add_argument("--skip", choices=("memory", "packing"), action="append", default=[])
     p.add_argument(
-        "--threads", type=int, default=2, help="torch threads in each variant (0: torch's default)"
+        "--threads", type=int, default=1, help="torch threads in each variant (0: torch's default)"
     )
+    p.add_argument("--clock", choices=("thread", "wall"), default="thread", help="step clock (see above)")
     p.add_argument("--variant", help=argparse.SUPPRESS)
     add_malloc_argument(p)
     ns = p.parse_args()
@@ -344,6 +363,8 @@ def main() -> int:
     if ns.variant:
         import torch
 
+        global _now
+        _now = time.thread_time if ns.clock == "thread" else time.perf_counter
         if ns.threads:
             torch.set_num_threads(ns.threads)
         spec = json.loads(ns.variant)
@@ -352,11 +373,12 @@ def main() -> int:
     malloc = apply_malloc(ns.malloc)
     if min(ns.steps, ns.pack_steps) < 2:
         p.error("--steps and --pack-steps must be >= 2 (steady rates start after the first step)")
-    print(f"model path on the CPU: {malloc}, {load_average()}")
+    CHILD_FLAGS.extend(["--threads", str(ns.threads), "--clock", ns.clock])
+    print(f"model path on the CPU: {malloc}, {ns.clock} clock, {load_average()}")
     if "memory" not in ns.skip:
-        bench_memory(ns.steps, ns.threads)
+        bench_memory(ns.steps)
     if "packing" not in ns.skip:
-        bench_packing(ns.pack_steps, ns.threads)
+        bench_packing(ns.pack_steps)
     print(f"\n{load_average()} at the end")
     return 0
 

@@ -266,3 +266,14 @@ def test_padding_free_collator_rules(tokenizer):
 
     with pytest.raises(ValueError, match="takes no position_ids"):
         run_collator(args, flattening, TinyGPT(TinyGPTConfig(block_size=16, n_layer=1, n_embd=8, n_head=1)))
+
+
+def test_evaluation_cuts_repeated_samples_from_a_packed_row(tokenizer):
+    from trainwright.loop.prediction import take_rows
+
+    features = lm_data(tokenizer, 3)
+    row = PaddingFreeCollator(flash_attn_kwargs=True)(features)
+    kept = take_rows(row, 2)  # the third sample was repeated by the sampler for another process
+    two = PaddingFreeCollator(flash_attn_kwargs=True)(features[:2])
+    for key in ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k"):
+        assert torch.equal(kept[key], two[key]), key

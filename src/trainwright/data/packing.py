@@ -201,3 +201,25 @@ def run_collator(args: Any, collator: Callable, model: Any) -> Callable:
             )
     attention = str(getattr(config, "_attn_implementation", None) or "")
     return padding_free_collator(collator, flash_attention=attention.startswith("flash_attention"))
+
+
+def take_samples(batch: Mapping[str, Any], keep: int) -> dict[str, Any] | None:
+    """The first `keep` samples of a padding-free row (one row of `position_ids` restarting at 0, no
+    attention mask): every per-token tensor cut where sample `keep` starts, `cu_seq_lens_*` cut to
+    match. None when `batch` is not such a row."""
+    positions = batch.get("position_ids")
+    if "attention_mask" in batch or not isinstance(positions, torch.Tensor) or positions.dim() != 2:
+        return None
+    if positions.shape[0] != 1:
+        return None
+    starts = (positions[0] == 0).nonzero().flatten().tolist()
+    length = positions.shape[1]
+    cut = starts[keep] if keep < len(starts) else length
+    out: dict[str, Any] = {}
+    for key, value in batch.items():
+        if key.startswith("cu_seq_lens_") and isinstance(value, torch.Tensor):
+            value = value[: keep + 1]
+        elif isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[:2] == (1, length):
+            value = value[:, :cut]
+        out[key] = value
+    return out

@@ -22,6 +22,7 @@ from trainwright import data as data_utils
 from trainwright.args.training_args import TrainingArguments
 from trainwright.core.events import CallbackHandler
 from trainwright.core.state import TrainerControl, TrainerState
+from trainwright.data import packing
 from trainwright.distributed import fsdp
 from trainwright.distributed.preemption import PreemptionGuard
 from trainwright.distributed.runtime import Runtime
@@ -349,7 +350,10 @@ def rows_to_keep(dataloader: Any) -> int | None:
 
 
 def take_rows(inputs: Any, keep: int) -> Any:
-    """The first `keep` samples of a batch (tensors with a batch dimension are sliced)."""
+    """The first `keep` samples of a batch (tensors with a batch dimension are sliced; a padding-free
+    row is cut after its `keep`-th sample)."""
+    if isinstance(inputs, Mapping) and (packed := packing.take_samples(inputs, keep)) is not None:
+        return same_mapping(inputs, packed)
     if isinstance(inputs, Mapping):
         return same_mapping(inputs, {k: take_rows(v, keep) for k, v in inputs.items()})
     if isinstance(inputs, (list, tuple)):

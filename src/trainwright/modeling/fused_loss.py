@@ -105,8 +105,9 @@ def _head_hook(head: nn.Module) -> _HeadInput:
 def _changes_logits_after_head(model: nn.Module) -> str | None:
     """What in the config or the model changes the logits after the head (None: nothing known)."""
     config = getattr(model, "config", None)
-    if getattr(config, "final_logit_softcapping", None) is not None:
-        return f"final_logit_softcapping={config.final_logit_softcapping} (logits are capped after the head)"
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap is not None:
+        return f"final_logit_softcapping={cap} (logits are capped after the head)"
     for owner in (model, config):
         for name in ("logit_scale", "logits_scaling", "output_multiplier_scale"):
             value = getattr(owner, name, None)
@@ -250,11 +251,6 @@ def decide(model: nn.Module, inputs: Mapping[str, Any], labels: torch.Tensor) ->
     else:
         logger.warning("fused_linear_cross_entropy: off, the model computes its own loss: %s.", reason)
     return applies
-
-
-def forget(model: nn.Module) -> None:
-    """Drop the decision for `model` (its structure changed)."""
-    _DECISIONS.pop(model_of(model), None)
 
 
 @contextlib.contextmanager

@@ -23,14 +23,17 @@ import torch
 
 IGNORE_INDEX = -100
 
-# logits elements per chunk (float32: 128 MiB): few enough passes over the weight's gradient buffer
-# that CPU steps are no slower than the unfused loss (measured in bench/model_path.py)
-CHUNK_ELEMENTS = 2**25
+# Logits per chunk: as many as the hidden states hold (the loss's temporaries then stay the size of
+# the hidden states, like Liger's kernel), at least 2**23 (32 MiB in float32: few enough chunks that
+# the passes over the weight's gradient and the kernel launches stay a small part of a step) and at
+# most 2**26 (256 MiB).
+MIN_CHUNK_ELEMENTS, MAX_CHUNK_ELEMENTS = 2**23, 2**26
 
 
-def default_chunk_size(vocab_size: int) -> int:
-    """Tokens per chunk for a vocabulary: about `CHUNK_ELEMENTS` logits per chunk."""
-    return max(1, CHUNK_ELEMENTS // max(vocab_size, 1))
+def default_chunk_size(vocab_size: int, rows: int, hidden_size: int) -> int:
+    """Tokens per chunk: about the hidden states' number of elements in logits, within the bounds."""
+    elements = min(max(rows * hidden_size, MIN_CHUNK_ELEMENTS), MAX_CHUNK_ELEMENTS)
+    return max(1, elements // max(vocab_size, 1))
 
 
 def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
@@ -152,7 +155,7 @@ def linear_cross_entropy(
         denominator = (flat_targets != IGNORE_INDEX).sum().float()
     else:
         denominator = torch.as_tensor(num_items_in_batch, device=flat.device).float()
-    chunk = chunk_size or default_chunk_size(weight.shape[0])
+    chunk = chunk_size or default_chunk_size(weight.shape[0], flat.shape[0], size)
     grad_on = torch.is_grad_enabled()
     grads = (
         grad_on and flat.requires_grad,
