@@ -1,7 +1,7 @@
 """The model path on the CPU: the fused loss's peak memory and padding-free packing's real tokens/s,
 each against transformers.Trainer measured in the same run.
 
-    python bench/model_path.py [--steps 3] [--pack-steps 4] [--skip memory|packing] [--threads 1]
+    python bench/model_path.py [--steps 3] [--pack-steps 4] [--skip memory|checkpointing|packing] [--threads 1]
                                [--clock thread|wall] [--malloc fixed|default]
 
 (a) **Fused loss** (`fused_linear_cross_entropy=True`), per model: GPT-2 (6 layers, 50,257
@@ -12,7 +12,9 @@ trainwright with its own loss, trainwright fused. Peak RSS is the process's high
 steady (from the end of the first step to the end of the last), on this thread's CPU time by
 default (one torch thread does all the work, so other processes on a shared machine do not count;
 `--clock wall --threads 0` for the wall clock on every core). A fourth process checks one batch:
-the fused loss and every gradient against the model's own (relative gaps).
+the fused loss and every gradient against the model's own (relative gaps). Then GPT-2 again with
+`gradient_checkpointing=True` in both trainers (its activations, dropout's attention masks included,
+are most of the fused run's peak otherwise).
 
 (b) **Packing** (`padding_free=True`) on a variable-length corpus made from CPython's own standard
 library (the source of its functions and classes, tokenized with a byte-level BPE trained on it
@@ -192,6 +194,8 @@ def memory_variant(spec: dict) -> dict:
     model = build_model(spec["model"])
     data = random_tokens(BATCH * (spec["steps"] + 1), model.config.vocab_size)
     extra = {"fused_linear_cross_entropy": True} if spec["trainer"] == "tw-fused" else {}
+    if spec.get("checkpointing"):
+        extra["gradient_checkpointing"] = True
     result = _train(lib, model, data, spec["steps"], BATCH, **extra)
     result["steps_per_s"] = (spec["steps"] - 1) / result["steady_s"]
     result["threads"] = torch.get_num_threads()
@@ -278,6 +282,22 @@ def run_child(spec: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------------- report
+def bench_checkpointing(steps: int) -> None:
+    """GPT-2 with `gradient_checkpointing=True` in both trainers: the activations no longer hide
+    what the loss holds."""
+    label = MODELS["gpt2"] + ", gradient_checkpointing=True in both"
+    runs = {
+        t: run_child({"kind": "memory", "model": "gpt2", "trainer": t, "steps": steps, "checkpointing": True})
+        for t in ("hf", "tw-fused")
+    }
+    hf, fused = runs["hf"], runs["tw-fused"]
+    print(f"\n{label}: {steps} steps, {hf['threads']} threads")
+    for name, r in (("transformers.Trainer", hf), ("trainwright fused", fused)):
+        print(f"  {name:22s} peak RSS {r['peak_mb']:8.0f} MB   steady {r['steps_per_s']:.4f} steps/s")
+    print(f"  fused steps/s / transformers.Trainer: {fused['steps_per_s'] / hf['steps_per_s']:.3f}")
+    print(f"fused loss peak memory / transformers.Trainer, {label}: {fused['peak_mb'] / hf['peak_mb']:.3f}")
+
+
 def bench_memory(steps: int) -> None:
     for key, label in MODELS.items():
         runs = {
@@ -351,7 +371,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=3, help="training steps per fused-loss variant (>= 2)")
     p.add_argument("--pack-steps", type=int, default=4, help="training steps per packing variant (>= 2)")
-    p.add_argument("--skip", choices=("memory", "packing"), action="append", default=[])
+    p.add_argument("--skip", choices=("memory", "checkpointing", "packing"), action="append", default=[])
     p.add_argument(
         "--threads", type=int, default=1, help="torch threads in each variant (0: torch's default)"
     )
@@ -377,6 +397,8 @@ def main() -> int:
     print(f"model path on the CPU: {malloc}, {ns.clock} clock, {load_average()}")
     if "memory" not in ns.skip:
         bench_memory(ns.steps)
+    if "checkpointing" not in ns.skip:
+        bench_checkpointing(ns.steps)
     if "packing" not in ns.skip:
         bench_packing(ns.pack_steps)
     print(f"\n{load_average()} at the end")
