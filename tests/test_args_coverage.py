@@ -79,6 +79,8 @@ BEHAVIOUR_TESTS: dict[str, str] = {
     "use_liger_kernel": f"{_LOOP}::test_use_liger_kernel_patches_a_llama_and_trains",
     "liger_kernel_config": f"{_LOOP}::test_use_liger_kernel_patches_a_llama_and_trains",
     "use_cache": f"{_FIELDS}::test_use_cache_is_written_to_the_model_config",
+    "fused_linear_cross_entropy": "tests/test_model_path_trainer.py::"
+    "test_fused_training_equals_the_models_own_and_never_computes_logits",
     # logging
     "logging_strategy": "tests/test_callbacks_core.py::test_no_logging_strategy_logs_nothing",
     "logging_steps": "tests/test_callbacks_core.py::test_logging_steps_and_final_partial_window",
@@ -139,6 +141,7 @@ BEHAVIOUR_TESTS: dict[str, str] = {
     "remove_unused_columns": "tests/test_collators_real.py::test_evaluate_and_predict_take_the_collators_batches_like_dicts",
     "train_sampling_strategy": "tests/test_data.py::test_build_sampler_chooses_by_strategy",
     "group_by_length": "tests/test_trainer_hf.py::test_group_by_length_trains_on_variable_lengths",
+    "padding_free": "tests/test_model_path_trainer.py::test_padding_free_training_equals_padded_and_counts_real_tokens",
     "length_column_name": f"{_FIELDS}::test_length_column_name_is_the_column_length_grouping_reads",
     # devices and distributed
     "use_cpu": "tests/test_upstream_behaviours.py::test_use_cpu_is_honoured_by_a_later_trainer_in_the_same_process",

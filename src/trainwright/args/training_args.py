@@ -157,6 +157,12 @@ class TrainingArguments:
     torch_empty_cache_steps: int | None = _arg(None, "Empty the device cache every N steps (None: never).")
     use_liger_kernel: bool = _arg(False, "Patch the model with Liger kernels (needs liger-kernel).")
     liger_kernel_config: dict[str, bool] | None = _arg(None, "Which Liger kernels to apply.")
+    fused_linear_cross_entropy: bool = _arg(
+        False,
+        "trainwright: compute a language model's loss from its last hidden states and output embedding "
+        "in chunks, never holding the batch x sequence x vocabulary logits (forward and backward). "
+        "Decided per model: where its logits are not its head's output, it keeps its own loss (logged).",
+    )
     use_cache: bool = _arg(False, "Value written to model.config.use_cache during training.")
 
     # -- logging -------------------------------------------------------------------------------------
@@ -247,6 +253,11 @@ class TrainingArguments:
     remove_unused_columns: bool = _arg(True, "Drop dataset columns the model's forward does not take.")
     train_sampling_strategy: str = _arg("random", "Training sampler.", choices=SAMPLING_STRATEGIES)
     group_by_length: bool = _arg(False, 'v4: same as train_sampling_strategy="group_by_length".')
+    padding_free: bool = _arg(
+        False,
+        "trainwright: flatten each batch's samples into one row without padding (positions restart "
+        "per sample, attention stays inside each sample), for training and evaluation.",
+    )
     length_column_name: str = _arg("length", "Column with precomputed lengths for length grouping.")
 
     # -- devices and distributed --------------------------------------------------------------------

@@ -275,17 +275,31 @@ def _check_batches_and_length(args: Any) -> None:
         raise invalid(args, "num_train_epochs", "expected a finite number > 0 (or max_steps > 0)")
     check_int(args, "torch_empty_cache_steps", 1, optional=True)
     check_int(args, "past_index", -1)
-    alpha = args.neftune_noise_alpha
-    if alpha is not None and (not is_number(alpha) or alpha <= 0):
-        raise invalid(args, "neftune_noise_alpha", "expected None or a number > 0 (the paper used 5 to 15)")
-    if args.liger_kernel_config and not args.use_liger_kernel:
-        raise invalid(args, "liger_kernel_config", "it is only used with use_liger_kernel=True: set that too")
+    _check_model_path(args)
     check_int(args, "save_total_limit", 1, optional=True)
     check_int(args, "ddp_timeout", 1)
     for name in ("seed", "data_seed"):
         value = getattr(args, name)
         if (value is not None or name == "seed") and (not is_int(value) or not 0 <= value < 2**32):
             raise invalid(args, name, "expected an integer in [0, 2**32)")
+
+
+def _check_model_path(args: Any) -> None:
+    """The arguments that change the model's forward: NEFTune, Liger, the fused loss, padding-free."""
+    alpha = args.neftune_noise_alpha
+    if alpha is not None and (not is_number(alpha) or alpha <= 0):
+        raise invalid(args, "neftune_noise_alpha", "expected None or a number > 0 (the paper used 5 to 15)")
+    if args.liger_kernel_config and not args.use_liger_kernel:
+        raise invalid(args, "liger_kernel_config", "it is only used with use_liger_kernel=True: set that too")
+    for name in ("fused_linear_cross_entropy", "padding_free"):
+        if not isinstance(getattr(args, name), bool):
+            raise invalid(args, name, "expected True or False")
+    if args.fused_linear_cross_entropy and args.use_liger_kernel:
+        raise invalid(
+            args,
+            "fused_linear_cross_entropy",
+            "use_liger_kernel=True already fuses the head's loss with Liger's kernel: set one of the two",
+        )
 
 
 # -- logging / evaluation / save intervals ---------------------------------------------------

@@ -18,6 +18,7 @@ import torch
 
 from trainwright import data as data_utils
 from trainwright.args.training_args import TrainingArguments
+from trainwright.data import packing
 
 
 class DataTrainer(Protocol):
@@ -45,9 +46,10 @@ def is_hf_dataset(dataset: Any) -> bool:
 def collator_for(trainer: DataTrainer, dataset: Any, description: str) -> Callable:
     """The trainer's collator, behind a filter of the keys the model does not take unless the
     columns were removed from the dataset itself."""
+    collator = packing.run_collator(trainer.args, trainer.data_collator, getattr(trainer, "model", None))
     if is_hf_dataset(dataset):
-        return trainer.data_collator  # columns were removed from the dataset itself
-    return trainer._get_collator_with_removed_columns(trainer.data_collator, description)
+        return collator  # columns were removed from the dataset itself
+    return trainer._get_collator_with_removed_columns(collator, description)
 
 
 def train_dataloader(trainer: DataTrainer) -> torch.utils.data.DataLoader:

@@ -24,9 +24,10 @@ from trainwright.args.training_args import TrainingArguments
 from trainwright.core.events import CallbackHandler
 from trainwright.core.runtime import Runtime
 from trainwright.core.state import TrainerControl, TrainerState
+from trainwright.data import packing
 from trainwright.loop.evaluation import EvalGatherer
 from trainwright.loop.run import TrainingRun
-from trainwright.modeling import liger
+from trainwright.modeling import fused_loss, liger
 from trainwright.modeling.loss import batch_size
 from trainwright.observe.memory import TrainerMemoryTracker
 from trainwright.observe.metrics import (
@@ -316,7 +317,8 @@ def prediction_step(
         if has_labels or loss_without_labels:
             if prediction_loss_only and liger.is_applied(model):  # Liger skips the logits (upstream)
                 inputs = {**inputs, "skip_logits": True}
-            loss, outputs = trainer.compute_loss(model, inputs, return_outputs=True)
+            with fused_loss.loss_only(prediction_loss_only):  # then the fused loss may skip the logits
+                loss, outputs = trainer.compute_loss(model, inputs, return_outputs=True)
             loss = loss.detach().mean()
             skip = set(ignore_keys) | {"loss"}
             if isinstance(outputs, dict):
@@ -379,7 +381,10 @@ def deals_whole_batches(dataloader: Any) -> bool:
 
 
 def take_rows(inputs: Any, keep: int) -> Any:
-    """The first `keep` samples of a batch (tensors with a batch dimension are sliced)."""
+    """The first `keep` samples of a batch (tensors with a batch dimension are sliced; a padding-free
+    row is cut after its `keep`-th sample)."""
+    if isinstance(inputs, Mapping) and (packed := packing.take_samples(inputs, keep)) is not None:
+        return same_mapping(inputs, packed)
     if isinstance(inputs, Mapping):
         return same_mapping(inputs, {k: take_rows(v, keep) for k, v in inputs.items()})
     if isinstance(inputs, (list, tuple)):

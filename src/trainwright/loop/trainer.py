@@ -30,6 +30,7 @@ from trainwright.loop.checkpointer import Checkpointer, load_rng_state, run_dir
 from trainwright.loop.run import TrainingRun
 from trainwright.loop.trainer_api import TrainerAPI
 from trainwright.loop.trainer_setup import enable_activation_checkpointing
+from trainwright.modeling import model_path
 from trainwright.modeling.loss import has_no_targets, items_in_batch, loss_is_normalised
 from trainwright.observe import host
 from trainwright.observe.metrics import TrainOutput, speed_metrics
@@ -341,7 +342,8 @@ class Trainer(TrainerAPI):
             num_items=num_items_in_batch,
         ):  # the model's own loss divides by the step's items
             inputs = {**inputs, "num_items_in_batch": num_items_in_batch.to(self.runtime.device)}
-        outputs = model(**inputs)
+        # with padding_free / fused_linear_cross_entropy the model path's forward; else model(**inputs)
+        outputs, labels = model_path.forward(self, model, inputs, labels, num_items_in_batch, return_outputs)
         if labels is not None:
             if self.compute_loss_func is not None:
                 loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
