@@ -249,7 +249,7 @@ class DataState:
         dataset = getattr(run.dataloader, "dataset", None)
         out: dict[str, Any] = {
             "cursor": run.cursor.to_dict(),
-            "world_size": run.runtime.world_size,
+            "world_size": run.runtime.data_world_size,  # of the position: data-parallel ranks
             "dataset_length": len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None,
             "seed": args.data_seed if args.data_seed is not None else args.seed,
             "loss_windows": self.loss_windows,
@@ -265,14 +265,14 @@ class DataState:
 
     def check(self, saved: dict[str, Any] | None, folder: str) -> None:
         """Refuse a resume whose batch geometry changes what the saved position points to."""
-        args, self.folder = self.trainer.args, folder
+        args, self.folder, run = self.trainer.args, folder, self.run
         if saved is not None and not args.ignore_data_skip:
-            resume.check_position_args(args, self.run.runtime.world_size, saved, self.run.dataloader, folder)
+            resume.check_position_args(args, run.runtime.data_world_size, saved, run.dataloader, folder)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """The saved position (rescaled to this number of processes), data order and dataset state;
         with ignore_data_skip the current epoch restarts from its first batch."""
-        args, run, world_size = self.trainer.args, self.run, self.run.runtime.world_size
+        args, run, world_size = self.trainer.args, self.run, self.run.runtime.data_world_size
         cursor = LoopCursor.from_dict(state_dict["cursor"])
         cursor.steps_in_epoch = run.cursor.steps_in_epoch
         resume.use_own_loss_window(cursor, state_dict, run.runtime)
