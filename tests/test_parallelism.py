@@ -44,10 +44,22 @@ def _task(name: str, parallel: dict | None, per_device: int, **extra) -> dict:
     return {"name": name, "model": "llama", **extra, "args": args}
 
 
+def probes(folder: str, n: int) -> list[dict]:
+    out = []
+    for rank in range(n):
+        with open(os.path.join(folder, f"probe_{rank}.json")) as f:
+            out.append(json.load(f))
+    return out
+
+
 @pytest.fixture(scope="module")
 def two_procs(tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("nd2"))
-    tasks = [_task("tp2", {"tp_size": 2}, 4), _task("shard2", {"dp_shard_size": 2}, 2)]
+    tasks = [
+        _task("tp2", {"tp_size": 2}, 4),
+        _task("shard2", {"dp_shard_size": 2}, 2),
+        _task("tp2_tied", {"tp_size": 2}, 4, model="llama_tied"),
+    ]
     torchrun({"out": out, "tasks": tasks}, nproc=2)
     return out
 
@@ -70,7 +82,9 @@ def four_procs(tmp_path_factory) -> tuple[str, str]:
 def one_proc(tmp_path_factory) -> str:
     """The same global batch of 8 in this one process."""
     out = str(tmp_path_factory.mktemp("nd1"))
-    dist_job.run_task(_task("llama", None, 8, predict=13, args={"gradient_accumulation_steps": 1}), out)
+    one = {"gradient_accumulation_steps": 1}
+    dist_job.run_task(_task("llama", None, 8, predict=13, args=one), out)
+    dist_job.run_task(_task("llama_tied", None, 8, model="llama_tied", args=one), out)
     return out
 
 
@@ -93,6 +107,19 @@ def test_two_process_layouts_match_one_process(two_procs, one_proc, name):
     assert_same_training(os.path.join(two_procs, name), os.path.join(one_proc, "llama"))
 
 
+def test_tied_embeddings_stay_one_parameter_under_tensor_parallel(two_procs, one_proc):
+    # the input embeddings (embedding_rowwise) and the LM head (colwise_gather_output) are one weight
+    assert_same_training(os.path.join(two_procs, "tp2_tied"), os.path.join(one_proc, "llama_tied"))
+
+
+def test_tensor_parallel_peers_keep_identical_copies_of_replicated_weights(four_procs):
+    # ranks 0 and 1 are tensor-parallel peers (same data-parallel rank) and hold the same FSDP shard of
+    # the final norm, which no tensor-parallel rule splits: the clipped update must be the same bits
+    first, peer, other, _ = probes(os.path.join(four_procs[0], "tp2_shard2"), 4)
+    assert first["norm_weight"] == peer["norm_weight"]
+    assert first["norm_weight"] != other["norm_weight"]  # the other data-parallel rank's shard
+
+
 @pytest.mark.parametrize("name", ["tp2_shard2", "rep2_shard2"])
 def test_four_process_layouts_match_one_process(four_procs, one_proc, name):
     assert_same_training(os.path.join(four_procs[0], name), os.path.join(one_proc, "llama"))
@@ -104,6 +131,10 @@ def test_flops_are_counted_once_per_data_parallel_rank(two_procs, four_procs):
     shard2 = result(os.path.join(two_procs, "shard2"))["log_history"][-1]["total_flos"]
     tp2_shard2 = result(os.path.join(four_procs[0], "tp2_shard2"))["log_history"][-1]["total_flos"]
     assert tp2_shard2 == shard2 > 0
+    per_step = probes(os.path.join(two_procs, "shard2"), 2)[0][
+        "total_flos_at_step_end"
+    ]  # TrainerState's, live
+    assert probes(os.path.join(four_procs[0], "tp2_shard2"), 4)[0]["total_flos_at_step_end"] == per_step
 
 
 def test_tensor_parallel_evaluation_gathers_each_batch_once(four_procs, one_proc):
@@ -283,3 +314,14 @@ def test_plan_styles_torch_cannot_honour_are_refused():
         parallelism.tensor_parallel_plan(model, 2)
     with pytest.raises(ValueError, match="tp_size=4 does not divide the model's num_key_value_heads=2"):
         parallelism.tensor_parallel_plan(_llama(), 4)
+
+
+def test_a_run_refuses_a_layout_another_trainer_replaced():
+    # the layout is the process's: a Trainer built later with another one has replaced it
+    args = TrainingArguments("out", parallelism_config=TP2_SHARD2)
+    runtime = _runtime(4)
+    runtime.layout = SimpleNamespace(sizes={"dp_replicate": 1, "dp_shard": 4, "cp": 1, "tp": 1})
+    with pytest.raises(RuntimeError, match="a Trainer built after this one set its own layout"):
+        parallelism.check_layout(args, runtime)
+    runtime.layout = SimpleNamespace(sizes=parse(TP2_SHARD2).sizes)
+    parallelism.check_layout(args, runtime)
