@@ -325,3 +325,13 @@ def test_a_run_refuses_a_layout_another_trainer_replaced():
         parallelism.check_layout(args, runtime)
     runtime.layout = SimpleNamespace(sizes=parse(TP2_SHARD2).sizes)
     parallelism.check_layout(args, runtime)
+
+
+def test_a_model_sharded_by_transformers_at_load_is_refused_with_the_fix():
+    from trainwright.distributed.nd_engine import build_engine
+
+    model = _llama()
+    model._is_distributed_loading_by_transformers = True  # what from_pretrained(tp_plan="auto") sets
+    args = TrainingArguments("out", parallelism_config={"tp_size": 2})
+    with pytest.raises(ValueError, match=r"sharded when it was loaded.*parallelism_config=\{\"tp_size\""):
+        build_engine(args, _runtime(2), model)

@@ -93,6 +93,14 @@ def parallelize(model: nn.Module, args: Any, runtime: Any, layout: Any) -> nn.Mo
 def build_engine(args: Any, runtime: Any, module: nn.Module) -> engine.Engine:
     """The engine for these arguments and this model: the N-D engine for a `parallelism_config`
     layout, else `engine.build_engine`'s (decided once per run)."""
+    if getattr(module, "_is_distributed_loading_by_transformers", False):
+        name = type(module).__name__
+        raise ValueError(
+            f"{name} was sharded when it was loaded (from_pretrained(tp_plan=... or distributed_config=...)); "
+            "trainwright lays a model out itself, from TrainingArguments.parallelism_config. Load it without "
+            f'tp_plan / distributed_config and pass parallelism_config={{"tp_size": N, "dp_shard_size": M}}: '
+            f"{name}'s own tensor-parallel plan is applied the same way."
+        )
     if getattr(args, "parallelism_config", None) is not None and parallelism.requested(args, runtime):
         return NDEngine(args, runtime, module)
     parallelism.check_layout(args, runtime)
