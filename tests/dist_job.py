@@ -228,6 +228,7 @@ def run_task(task: dict, out_root: str) -> dict:
     probe["param_dtype_in_forward"] = sorted(set(dtypes))
     probe["sharded"] = type(trainer.model).__name__.startswith("FSDP")
     probe["total_flos_at_step_end"] = probe_cb.flos_at_step_end
+    probe["samples_run"] = trainer._run.samples_and_tokens_run()[0]  # this call's, over the processes
     if kind.startswith("llama"):  # this process's copy of a weight no tensor-parallel rule splits
         norm = trainer.model.model.norm.weight
         probe["norm_weight"] = (norm.to_local() if hasattr(norm, "to_local") else norm).detach().tolist()

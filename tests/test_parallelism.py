@@ -8,10 +8,10 @@ data-parallel ranks, every optimizer step reads the same b*g*D = 8 samples as on
 ranks. So losses, gradient norms (clipped at max_grad_norm=1: they are above it) and weights must
 agree with one process up to float summation order.
 
-Two launches: a 2-process one (tp=2; dp_shard=2) and a 4-process one (tp=2 x dp_shard=2, saving
-at step 2; dp_replicate=2 x dp_shard=2; then fresh Trainers and models in the same processes that
-resume the step-2 checkpoint on the same layout and on dp_shard=4). The step-2 checkpoint is also
-resumed here, in one unsharded process.
+Two launches: a 2-process one (tp=2; dp_shard=2; tp=2 with tied embeddings) and a 4-process one
+(tp=2 x dp_shard=2, saving at step 2; dp_replicate=2 x dp_shard=2; dp_replicate=2 x tp=2; then fresh
+Trainers and models in the same processes that resume the step-2 checkpoint on the same layout and on
+dp_shard=4). The step-2 checkpoint is also resumed here, in one unsharded process.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pathlib
 from types import SimpleNamespace
 
 import dist_job
@@ -32,6 +33,7 @@ from trainwright.args.training_args import TrainingArguments
 from trainwright.distributed import parallelism
 from trainwright.distributed.fsdp import MODEL_DIR, OPTIMIZER_DIR
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 SGD = {"optim": "sgd", "optim_args": "momentum=0.9", "learning_rate": 0.1}
 TP2_SHARD2 = {"tp_size": 2, "dp_shard_size": 2}
 
@@ -56,8 +58,9 @@ def probes(folder: str, n: int) -> list[dict]:
 def two_procs(tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("nd2"))
     tasks = [
-        _task("tp2", {"tp_size": 2}, 4),
-        _task("shard2", {"dp_shard_size": 2}, 2),
+        # rank 1 initialises its model differently: every process must start from rank 0's weights
+        _task("tp2", {"tp_size": 2}, 4, init_seed_per_rank=True),
+        _task("shard2", {"dp_shard_size": 2}, 2, init_seed_per_rank=True),
         _task("tp2_tied", {"tp_size": 2}, 4, model="llama_tied"),
     ]
     torchrun({"out": out, "tasks": tasks}, nproc=2)
@@ -71,6 +74,7 @@ def four_procs(tmp_path_factory) -> tuple[str, str]:
     tasks = [
         _task("tp2_shard2", TP2_SHARD2, 2, predict=13, args={"save_strategy": "steps", "save_steps": 2}),
         _task("rep2_shard2", {"dp_replicate_size": 2, "dp_shard_size": 2}, 1),
+        _task("rep2_tp2", {"dp_replicate_size": 2, "tp_size": 2}, 2),  # accelerate refuses it; HSDP does it
         _task("resumed_same_layout", TP2_SHARD2, 2, resume=saved),
         _task("resumed_shard4", {"dp_shard_size": 4}, 1, resume=saved),
     ]
@@ -120,7 +124,7 @@ def test_tensor_parallel_peers_keep_identical_copies_of_replicated_weights(four_
     assert first["norm_weight"] != other["norm_weight"]  # the other data-parallel rank's shard
 
 
-@pytest.mark.parametrize("name", ["tp2_shard2", "rep2_shard2"])
+@pytest.mark.parametrize("name", ["tp2_shard2", "rep2_shard2", "rep2_tp2"])
 def test_four_process_layouts_match_one_process(four_procs, one_proc, name):
     assert_same_training(os.path.join(four_procs[0], name), os.path.join(one_proc, "llama"))
 
@@ -131,10 +135,10 @@ def test_flops_are_counted_once_per_data_parallel_rank(two_procs, four_procs):
     shard2 = result(os.path.join(two_procs, "shard2"))["log_history"][-1]["total_flos"]
     tp2_shard2 = result(os.path.join(four_procs[0], "tp2_shard2"))["log_history"][-1]["total_flos"]
     assert tp2_shard2 == shard2 > 0
-    per_step = probes(os.path.join(two_procs, "shard2"), 2)[0][
-        "total_flos_at_step_end"
-    ]  # TrainerState's, live
-    assert probes(os.path.join(four_procs[0], "tp2_shard2"), 4)[0]["total_flos_at_step_end"] == per_step
+    live = "total_flos_at_step_end"  # TrainerState's, as callbacks see it at every step end
+    nd = probes(os.path.join(four_procs[0], "tp2_shard2"), 4)
+    assert nd[0][live] == probes(os.path.join(two_procs, "shard2"), 2)[0][live]
+    assert [p["samples_run"] for p in nd] == [4 * 8] * 4  # 4 steps of 8 samples, not 8 of them
 
 
 def test_tensor_parallel_evaluation_gathers_each_batch_once(four_procs, one_proc):
@@ -335,3 +339,25 @@ def test_a_model_sharded_by_transformers_at_load_is_refused_with_the_fix():
     args = TrainingArguments("out", parallelism_config={"tp_size": 2})
     with pytest.raises(ValueError, match=r"sharded when it was loaded.*parallelism_config=\{\"tp_size\""):
         build_engine(args, _runtime(2), model)
+
+
+def test_the_worked_example_runs_as_written(tmp_path):
+    """docs/parallelism.md's script, under torchrun with 4 CPU processes."""
+    import re
+    import subprocess
+    import sys
+
+    import transformers
+    from test_distributed import _env, free_port
+
+    doc = (ROOT / "docs" / "parallelism.md").read_text()
+    (tmp_path / "train.py").write_text(re.findall(r"```python\n(.*?)```", doc, flags=re.S)[0])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", "--master_addr=127.0.0.1"]
+    cmd += [f"--master_port={free_port()}", "train.py"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "trained 20 steps; tensor parallel size 2" in proc.stdout
+    model = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "out-nd" / "final")
+    assert model.config.hidden_size == 64
+    for step in (10, 20):
+        assert (tmp_path / "out-nd" / f"checkpoint-{step}" / MODEL_DIR / ".metadata").is_file()
