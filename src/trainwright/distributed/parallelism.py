@@ -43,7 +43,8 @@ from trainwright.core.runtime import Layout
 logger = logging.getLogger(__name__)
 
 LAYOUT_MARK = "_trainwright_layout"  # set on a model `parallelize` sharded: its sizes
-_LAYOUTS: dict[tuple, Layout] = {}  # one mesh per device type and sizes: its process groups are made once
+# one mesh per process group, device type and sizes: its process groups are made once
+_LAYOUTS: dict[tuple, tuple[Any, Layout]] = {}
 
 
 # ---------------------------------------------------------------------------------- the mesh
@@ -92,13 +93,15 @@ def set_up(args: Any, runtime: Any) -> None:
 def layout_of(sizes: ParallelismSizes, runtime: Any) -> Layout:
     """The mesh of `sizes` over the process group, with its data-parallel view (built once)."""
     key = (runtime.device.type, tuple(sizes.sizes.values()))
-    if key not in _LAYOUTS:
+    world = dist.group.WORLD  # a new process group (after a teardown) needs a new mesh
+    cached = _LAYOUTS.get(key)
+    if cached is None or cached[0] is not world:
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(runtime.device.type, tuple(sizes.sizes.values()), mesh_dim_names=MESH_DIMS)
         data = mesh[("dp_replicate", "dp_shard")]._flatten("dp")
         leaders = tuple(int(r) for r in mesh.mesh[:, :, 0, 0].flatten().tolist())
-        _LAYOUTS[key] = Layout(
+        layout = Layout(
             mesh=mesh,
             sizes=sizes.sizes,
             data_rank=data.get_local_rank(),
@@ -106,6 +109,7 @@ def layout_of(sizes: ParallelismSizes, runtime: Any) -> Layout:
             data_group=data.get_group(),
             data_leaders=leaders,
         )
+        cached = _LAYOUTS[key] = (world, layout)
         logger.info(
             "N-D parallel layout %s over %d processes: mesh %s; %d data-parallel ranks (this process: %d)",
             sizes.describe(),
@@ -114,7 +118,7 @@ def layout_of(sizes: ParallelismSizes, runtime: Any) -> Layout:
             data.size(),
             data.get_local_rank(),
         )
-    return _LAYOUTS[key]
+    return cached[1]
 
 
 def check_layout(args: Any, runtime: Any) -> None:
