@@ -7,7 +7,7 @@ Each task trains a fresh small model with the Trainer and writes, under DIR/<nam
 checkpoints, and probe_<rank>.json (what every rank saw: its log level, should_log / should_save,
 main_process_first order, parameter dtype inside forward). Task keys:
 
-    name, model ("mlp" | "mlp_dropout" | "lm" | "gpt2"), n (training samples), args (TrainingArguments
+    name, model ("mlp" | "mlp_dropout" | "lm" | "gpt2" | "llama" | "llama_tied"), n (training samples), args (TrainingArguments
     overrides), resume (null | true | path), predict (eval samples: predict() after training),
     eval (eval samples: an eval_dataset), fail / hang ({"rank", "step"}: raise / block forever at that step's start), announce (print
     "STEP n"), per_rank_dirs (each rank gets its own output_dir: DIR/<name>/view<rank>),
@@ -36,6 +36,7 @@ from trainwright.data import pad_sequence_collator
 from trainwright.loop.trainer import Trainer
 
 VOCAB = 32
+LMS = ("lm", "gpt2", "llama", "llama_tied")
 
 
 class VectorData(Dataset):
@@ -98,6 +99,20 @@ def build_model(kind: str, seed: int = 0) -> nn.Module:
             attn_pdrop=0.0,
         )
         return transformers.GPT2LMHeadModel(config)
+    if kind in ("llama", "llama_tied"):  # tiny Llama from its config: a tensor-parallel plan of its own
+        import transformers
+
+        config = transformers.LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=16,
+            tie_word_embeddings=kind == "llama_tied",
+        )
+        return transformers.LlamaForCausalLM(config)
     if kind == "lm":
         return TinyGPT(
             TinyGPTConfig(vocab_size=VOCAB, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
@@ -106,7 +121,7 @@ def build_model(kind: str, seed: int = 0) -> nn.Module:
 
 
 def build_data(kind: str, n: int, seed: int = 0, item_sleep: float = 0.0) -> Dataset:
-    return TokenData(n, seed) if kind in ("lm", "gpt2") else VectorData(n, seed=seed, item_sleep=item_sleep)
+    return TokenData(n, seed) if kind in LMS else VectorData(n, seed=seed, item_sleep=item_sleep)
 
 
 def mse_metric(p) -> dict:
@@ -125,6 +140,10 @@ class Probe(TrainerCallback):
 
     def __init__(self, task: dict, rank: int):
         self.task, self.rank = task, rank
+        self.flos_at_step_end: list[float] = []
+
+    def on_step_end(self, args, state, control, **kw):
+        self.flos_at_step_end.append(state.total_flos)
 
     def on_step_begin(self, args, state, control, **kw):
         step = state.global_step + 1
@@ -172,9 +191,9 @@ def run_task(task: dict, out_root: str) -> dict:
         args=args,
         train_dataset=build_data(kind, task.get("n", 32), item_sleep=task.get("slow_items", 0.0)),
         eval_dataset=build_data(kind, task["eval"], seed=1) if task.get("eval") else None,
-        data_collator=pad_sequence_collator() if kind in ("lm", "gpt2") else None,
-        compute_metrics=token_accuracy if kind in ("lm", "gpt2") else mse_metric,
-        callbacks=[Probe(task, rank)],
+        data_collator=pad_sequence_collator() if kind in LMS else None,
+        compute_metrics=token_accuracy if kind in LMS else mse_metric,
+        callbacks=[probe_cb := Probe(task, rank)],
     )
     runtime = trainer.runtime
     probe.update(
@@ -208,6 +227,11 @@ def run_task(task: dict, out_root: str) -> dict:
         }
     probe["param_dtype_in_forward"] = sorted(set(dtypes))
     probe["sharded"] = type(trainer.model).__name__.startswith("FSDP")
+    probe["total_flos_at_step_end"] = probe_cb.flos_at_step_end
+    probe["samples_run"] = trainer._run.samples_and_tokens_run()[0]  # this call's, over the processes
+    if kind.startswith("llama"):  # this process's copy of a weight no tensor-parallel rule splits
+        norm = trainer.model.model.norm.weight
+        probe["norm_weight"] = (norm.to_local() if hasattr(norm, "to_local") else norm).detach().tolist()
     if task.get("save_model", True):
         trainer.save_model(os.path.join(output_dir, "final"))
     trainer.save_metrics("train", out.metrics)

@@ -88,15 +88,15 @@ def test_iterable_shard_is_accelerates_iterable_dataset_shard(n, split, drop_las
 
 def _dealing(world: int, **config) -> DataDealing:
     args = SimpleNamespace(accelerator_config=AcceleratorConfig(**config))
-    return DataDealing.of(list(range(10)), args, SimpleNamespace(world_size=world, rank=0))
+    return DataDealing.of(list(range(10)), args, SimpleNamespace(data_world_size=world, data_rank=0))
 
 
 def test_dispatch_defaults_to_iterable_data_and_split_needs_a_multiple():
     args = SimpleNamespace(accelerator_config=AcceleratorConfig())
-    two = SimpleNamespace(world_size=2, rank=0)
+    two = SimpleNamespace(data_world_size=2, data_rank=0)
     assert DataDealing.of(Stream(4), args, two).dispatch is True  # accelerate: None means iterable
     assert DataDealing.of(list(range(4)), args, two).dispatch is False
-    assert DataDealing.of(Stream(4), args, SimpleNamespace(world_size=1, rank=0)).dispatch is False
+    assert DataDealing.of(Stream(4), args, SimpleNamespace(data_world_size=1, data_rank=0)).dispatch is False
     assert _dealing(2, split_batches=True).loader_batch(8) == 4 and _dealing(2).loader_batch(8) == 8
     assert _dealing(2, dispatch_batches=True).loader_batch(8) == 16
     assert _dealing(2, dispatch_batches=True, split_batches=True).loader_batch(8) == 8

@@ -37,6 +37,7 @@ BEHAVIOUR_TESTS: dict[str, str] = {
     "do_eval": f"{_ARGS}::test_do_eval_and_eval_steps_fall_back",
     "do_predict": f"{_FIELDS}::test_script_only_fields_read_back_and_do_not_change_training",
     "resume_from_checkpoint": f"{_FIELDS}::test_resume_from_checkpoint_argument_is_what_train_resumes_from",
+    "parallelism_config": "tests/test_parallelism.py::test_four_process_layouts_match_one_process",
     # batches and length
     "per_device_train_batch_size": f"{_DIST}::test_ddp_two_processes_match_one_process_with_the_same_global_batch",
     "per_device_eval_batch_size": "tests/test_trainer_eval.py::test_predictions_of_different_lengths_are_padded",
@@ -196,7 +197,6 @@ NO_EFFECT_WARNED: dict[str, str] = {
 
 # field -> a non-default value that building the arguments must refuse, naming the field.
 REFUSED: dict[str, object] = {
-    "parallelism_config": {"dp_shard_size": 2},
     "sharded_ddp": "zero_dp_2",
     "project": "my-project",
     "trackio_space_id": "user/space",

@@ -566,11 +566,12 @@ def test_fsdp_auto_wrap_errors_name_the_setting():
 
 def test_one_process_with_fsdp_trains_unsharded(make_args, caplog):
     from trainwright.core.runtime import get_runtime
-    from trainwright.distributed.engine import Engine, build_engine
+    from trainwright.distributed.engine import Engine
+    from trainwright.distributed.engines import build_engine
 
     runtime = get_runtime(use_cpu=True)
     model = dist_job.build_model("mlp")
-    with caplog.at_level("WARNING", logger="trainwright.distributed.engine"):
+    with caplog.at_level("WARNING", logger="trainwright.distributed.engines"):
         engine = build_engine(make_args(fsdp="full_shard"), runtime, model)
     assert runtime.world_size == 1 and type(engine) is Engine and engine.wrap(model) is model
     assert "this is one process: training without sharding" in caplog.text

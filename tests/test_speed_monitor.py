@@ -38,8 +38,9 @@ class TwoRankRuntime(Runtime):
         self.other = other
         self.reductions = 0
 
-    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        assert op == "sum"
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", data_only: bool = False) -> torch.Tensor:
+        # over the data-parallel ranks: tensor-parallel peers count the batch they share once
+        assert op == "sum" and data_only
         self.reductions += 1
         tensor += torch.tensor(self.other, dtype=tensor.dtype)
         return tensor

@@ -84,8 +84,13 @@ V4_V5_CHOICES: dict[str, str] = {
         "empty each epoch and each evaluation; an evaluation during training leaves the training memory as it was."
     ),
     "ray_scope": "Kept (v4, removed in v5) for hyperparameter-search backends.",
-    "parallelism_config": "Accepted as a name (v5); a value is an error: accelerate's ParallelismConfig is "
-    "not supported.",
+    "parallelism_config": (
+        "Honoured on PyTorch's own engine (DeviceMesh, the model's tensor-parallel plan through "
+        "parallelize_module, FSDP2/HSDP): accelerate's ParallelismConfig, a dict of its sizes or its "
+        "JSON, normalised to ParallelismSizes (same field names, serialisable). cp_size > 1 is refused "
+        "(CPU: PyTorch has no context-parallel rule for its SDPA kernel; CUDA: not provided yet), sp_size"
+        " > 1 (DeepSpeed Ulysses) and enable_async_tp are refused. See docs/parallelism.md."
+    ),
     "save_total_limit": "Must be >= 1 when given (None keeps every checkpoint); upstream silently treats 0 as None.",
 }
 

@@ -275,7 +275,11 @@ class TrainingArguments:
     fsdp_config: dict[str, Any] | str | None = _arg(None, "FSDP settings (dict, JSON string or JSON file).")
     deepspeed: dict[str, Any] | str | None = _arg(None, "DeepSpeed config (dict, JSON string or file path).")
     accelerator_config: dict[str, Any] | str | None = _arg(None, "Accelerator settings (dict, JSON or file).")
-    parallelism_config: Any | None = _arg(None, "v5 accelerate ParallelismConfig (not supported).")
+    parallelism_config: Any | None = _arg(
+        None,
+        "N-D parallel layout: accelerate's ParallelismConfig or a dict of dp_replicate_size, dp_shard_size, "
+        "tp_size, cp_size (docs/parallelism.md).",
+    )
     debug: list[str] | str = _arg("", "Debug options: underflow_overflow, tpu_metrics_debug.")
 
     # -- Hub (hub.py: huggingface_hub's create_repo / upload_folder) -----------------------------

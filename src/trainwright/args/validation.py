@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any, cast
 
+from trainwright.args import parallelism
 from trainwright.args.accelerator_config import AcceleratorConfig
 from trainwright.args.aliases import resolve_old_names, warn_once
 from trainwright.args.checks import (
@@ -169,10 +170,11 @@ def _check_data_settings(args: Any, config: AcceleratorConfig) -> None:
             "accelerator_config use_seedable_sampler=False draws the shuffling seed from torch's global RNG, "
             "so data_seed would not be used; leave one of them unset",
         )
-    if not config.even_batches and (args.fsdp or args.deepspeed):
+    if not config.even_batches and (args.fsdp or args.deepspeed or args.parallelism_config is not None):
         raise ValueError(
-            f"{type(args).__name__}: accelerator_config['even_batches']=False is not supported with fsdp or "
-            "deepspeed: a sharded model's forward is collective, so every process must run the same number "
+            f"{type(args).__name__}: accelerator_config['even_batches']=False is not supported with fsdp, "
+            "deepspeed or parallelism_config: a sharded model's forward is collective, so every process must "
+            "run the same number "
             "of batches, which only even_batches=True guarantees"
         )
 
@@ -473,12 +475,7 @@ def _check_distributed(args: Any) -> None:
             "not supported with fsdp or deepspeed: a retry after an out-of-memory error would shard or "
             "re-initialise a model the failed try already sharded. Set per_device_train_batch_size instead",
         )
-    if args.parallelism_config is not None:
-        raise invalid(
-            args,
-            "parallelism_config",
-            "accelerate's ParallelismConfig is not supported; use fsdp / fsdp_config",
-        )
+    _check_parallelism(args)
     if args.sharded_ddp:
         raise invalid(
             args,
@@ -520,6 +517,22 @@ def _check_distributed(args: Any) -> None:
 
 
 # -- reporting, output and signals -----------------------------------------------------------
+
+
+def _check_parallelism(args: Any) -> None:
+    """`parallelism_config` normalised to `ParallelismSizes`; what it cannot be combined with."""
+    if args.parallelism_config is None:
+        return
+    args.parallelism_config = parallelism.parse(args.parallelism_config, type(args).__name__)
+    reason = None
+    if args.deepspeed:
+        reason = "deepspeed is also set; the N-D layout runs on PyTorch's own engine, choose one"
+    elif any(str(getattr(w, "value", w)).startswith("hybrid_shard") for w in args.fsdp or []):
+        reason = "fsdp hybrid_shard is also set; give the replicas as dp_replicate_size instead"
+    elif args.auto_find_batch_size:
+        reason = "auto_find_batch_size would re-shard a model the failed try already sharded"
+    if reason is not None:
+        raise invalid(args, "parallelism_config", reason)
 
 
 def _resolve_reporting_and_io(args: Any) -> None:

@@ -240,7 +240,8 @@ class SpeedMonitor(TrainerCallback):
         world_size = runtime.world_size
         if runtime.distributed:
             totals = torch.tensor([samples, tokens, flop_count], dtype=torch.float64, device=runtime.device)
-            samples, tokens, flop_count = runtime.all_reduce(totals, "sum").tolist()
+            # peers sharing a batch (tensor parallel) counted it once: summed over data-parallel ranks
+            samples, tokens, flop_count = runtime.all_reduce(totals, "sum", data_only=True).tolist()
         elapsed = last[0] - first[0]
         if elapsed <= 0:
             return

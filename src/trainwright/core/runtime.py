@@ -36,6 +36,21 @@ def _env_int(name: str, default: int) -> int:
     return default if value in (None, "") else int(value)
 
 
+@dataclass(frozen=True)
+class Layout:
+    """An N-D parallel layout of the processes (`parallelism_config`): its DeviceMesh and sizes, and
+    the data-parallel view of it. Processes that share a batch (tensor- and context-parallel peers)
+    are one data-parallel rank; `data_group` joins this process to its peers at the same position in
+    the other data-parallel ranks, and `data_leaders[d]` is the first process of data rank d."""
+
+    mesh: Any
+    sizes: dict[str, int]
+    data_rank: int
+    data_world_size: int
+    data_group: Any
+    data_leaders: tuple[int, ...]
+
+
 @dataclass
 class Runtime:
     """Device, rank and collectives of this process."""
@@ -49,6 +64,7 @@ class Runtime:
     timeout_s: int = 1800
     _owns_group: bool = field(default=False, repr=False)
     _cpu_group: Any = field(default=None, repr=False)
+    layout: Layout | None = field(default=None, repr=False)  # set by trainwright.distributed.parallelism
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -67,24 +83,42 @@ class Runtime:
     def node_rank(self) -> int:
         return self.rank // max(self.local_world_size, 1)
 
+    @property
+    def data_rank(self) -> int:
+        """Which batch this process reads: its rank among the data-parallel ranks."""
+        return self.rank if self.layout is None else self.layout.data_rank
+
+    @property
+    def data_world_size(self) -> int:
+        """Processes that read different batches (all of them without an N-D layout)."""
+        return self.world_size if self.layout is None else self.layout.data_world_size
+
+    def parallel_size(self, dim: str) -> int:
+        """The size of mesh dimension `dim` ("tp", "cp", "dp_shard", "dp_replicate"); 1 without a layout."""
+        return 1 if self.layout is None else self.layout.sizes.get(dim, 1)
+
     # -- collectives ------------------------------------------------------------------------
     def barrier(self) -> None:
         if self.distributed:
             dist.barrier()
 
-    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        """Reduce in place across processes ("sum", "mean", "max", "min") and return the tensor."""
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", data_only: bool = False) -> torch.Tensor:
+        """Reduce in place across processes ("sum", "mean", "max", "min") and return the tensor;
+        `data_only`: across the data-parallel ranks only (a value that peers sharing a batch count alike)."""
         if not self.distributed:
             return tensor
+        group, size = None, self.world_size
+        if data_only and self.layout is not None:
+            group, size = self.layout.data_group, self.layout.data_world_size
         ops = {
             "sum": dist.ReduceOp.SUM,
             "mean": dist.ReduceOp.SUM,
             "max": dist.ReduceOp.MAX,
             "min": dist.ReduceOp.MIN,
         }
-        dist.all_reduce(tensor, op=ops[op])
+        dist.all_reduce(tensor, op=ops[op], group=group)
         if op == "mean":
-            tensor /= self.world_size
+            tensor /= size
         return tensor
 
     def any_process(self, flag: bool) -> bool:

@@ -48,10 +48,11 @@ class DataDealing:
 
     @classmethod
     def of(cls, dataset: Any, args: Any, runtime: Any) -> DataDealing:
-        world, dispatch = int(runtime.world_size), _config(args, "dispatch_batches", None)
+        # data-parallel ranks: processes that share a batch (tensor-parallel peers) are one
+        world, dispatch = int(runtime.data_world_size), _config(args, "dispatch_batches", None)
         return cls(
             world=world,
-            rank=int(runtime.rank),
+            rank=int(runtime.data_rank),
             split=bool(_config(args, "split_batches", False)),
             dispatch=world > 1 and (is_iterable_dataset(dataset) if dispatch is None else bool(dispatch)),
             even=_config(args, "even_batches", True) is not False,
@@ -254,7 +255,8 @@ class DispatchingLoader:
 
     def __init__(self, base: Any, runtime: Any, drop_last: bool) -> None:
         self.base, self.runtime, self.drop_last = base, runtime, drop_last
-        self.world, self.rank = int(runtime.world_size), int(runtime.rank)
+        self.world, self.rank = int(runtime.data_world_size), int(runtime.data_rank)  # whose slice
+        self.reader = runtime.is_main_process  # process 0 reads the data for everyone
         self.dataset = base.dataset
         self.batch_size = base.batch_size // self.world if base.batch_size else None
         sampler = getattr(base, "sampler", None)
@@ -274,7 +276,7 @@ class DispatchingLoader:
 
     def _fetch(self, iterator: Iterator[Any] | None) -> Any:
         batch = None
-        if self.rank == 0:
+        if self.reader:
             assert iterator is not None
             batch = next(iterator, None)
         return self.runtime.broadcast_object(batch)
@@ -282,7 +284,7 @@ class DispatchingLoader:
     def __iter__(self) -> Iterator[Any]:
         # Process 0 reads one global batch per step and no further: its dataset's state (what a
         # checkpoint keeps of an iterable dataset) is then exactly the batches handed out.
-        iterator = iter(self.base) if self.rank == 0 else None
+        iterator = iter(self.base) if self.reader else None
         first = None
         while (batch := self._fetch(iterator)) is not None:
             first = batch if first is None else first

@@ -18,15 +18,15 @@ The loop calls the same few methods whatever the backend, so it has no backend b
   format, as parts of the checkpoint mapping (`trainwright.checkpoint.manager`), for a save or for
   restoring a given folder.
 
-Three implementations: `Engine` (one process or DDP, optional fp16 `GradScaler`, LOMO's fused
-backward), `FSDPEngine` (FSDP2: DCP folders), `DeepSpeedEngine` (`deepspeed.py`'s `DeepSpeedRun`).
-`build_engine` picks one from the arguments; a new engine is a subclass plus its line there.
+Three implementations here: `Engine` (one process or DDP, optional fp16 `GradScaler`, LOMO's fused
+backward), `FSDPEngine` (FSDP2: DCP folders), `DeepSpeedEngine` (`deepspeed.py`'s `DeepSpeedRun`);
+`nd_engine.NDEngine` (tensor parallel x FSDP2) in its own file. `engines.build_engine` picks one
+from the arguments, once per run: a new engine is its file plus its line there.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, cast
@@ -39,8 +39,6 @@ from trainwright.checkpoint.weights import load_model_weights
 from trainwright.distributed import fsdp
 from trainwright.distributed.deepspeed import DeepSpeedRun
 from trainwright.optim.extra import is_fused_backward, lomo_backward
-
-logger = logging.getLogger(__name__)
 
 _NO_CONTEXT = contextlib.nullcontext()  # reusable: nullcontext keeps no state
 
@@ -311,18 +309,6 @@ class _EngineCheckpoint:
 
     def load(self, folder: str) -> None:
         self.run.load(folder, with_optimizer=self.with_optimizer)
-
-
-def build_engine(args: Any, runtime: Any, module: nn.Module) -> Engine:
-    """The engine for these arguments and this model (decided once per run)."""
-    if args.deepspeed:
-        return DeepSpeedEngine(args, runtime, module)
-    sharding = fsdp.fsdp_options(args)
-    if sharding and not runtime.distributed:
-        logger.warning("fsdp=%s is set but this is one process: training without sharding.", sharding)
-    elif (sharding and sharding != ["no_shard"]) or fsdp.is_sharded(module):
-        return FSDPEngine(args, runtime, module)
-    return Engine(args, runtime, module)
 
 
 def load_weights(model: nn.Module, folder: str) -> None:

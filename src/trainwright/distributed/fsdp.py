@@ -36,6 +36,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainwright.distributed import parallelism
+
 logger = logging.getLogger(__name__)
 
 MODEL_DIR = "pytorch_model_fsdp_0"
@@ -91,23 +93,28 @@ def has_sharded_checkpoint(path: str | os.PathLike) -> bool:
 
 
 # ---------------------------------------------------------------------------------- sharding
-def shard_model(model: nn.Module, args: Any, runtime: Any) -> nn.Module:
+def shard_model(model: nn.Module, args: Any, runtime: Any, mesh: Any = None) -> nn.Module:
     """Apply `fully_shard` as `args.fsdp` / `args.fsdp_config` say (see the module docstring);
-    returns the same module object, now sharded. Needs an initialized process group."""
+    returns the same module object, now sharded. Needs an initialized process group. With `mesh`
+    (a `parallelism_config` layout's data-parallel dimensions) it shards over that mesh, layer by
+    layer (the model's `_no_split_modules`) unless `fsdp` says otherwise, and the caller has given
+    every rank the same weights."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     options = fsdp_options(args)
     config = dict(getattr(args, "fsdp_config", None) or {})
     _check_config(config)
-    if config.get("sync_module_states", True):
-        _broadcast_from_rank0(model)
+    if mesh is None and config.get("sync_module_states", True):
+        broadcast_from_rank0(model)
+    if mesh is not None and not options and getattr(model, "_no_split_modules", None):
+        options = ["full_shard", "auto_wrap"]
     hybrid = any(o.startswith("hybrid_shard") for o in options)
     reshard = not any(o in ("shard_grad_op", "hybrid_shard_zero2") for o in options)
     if config.get("reshard_after_forward") is not None:
         reshard = config["reshard_after_forward"]
     offload = "offload" in options or bool(config.get("offload_params", False))
     kwargs: dict[str, Any] = {
-        "mesh": _device_mesh(runtime, hybrid),
+        "mesh": mesh if mesh is not None else _device_mesh(runtime, hybrid),
         "reshard_after_forward": reshard,
         "offload_policy": CPUOffloadPolicy(pin_memory=runtime.device.type == "cuda")
         if offload
@@ -158,7 +165,7 @@ def _check_config(config: dict[str, Any]) -> None:
         raise ValueError(f'fsdp_config["reshard_after_forward"] must be a bool or an int, got {reshard!r}.')
 
 
-def _broadcast_from_rank0(model: nn.Module) -> None:
+def broadcast_from_rank0(model: nn.Module) -> None:
     with torch.no_grad():
         for tensor in [*model.parameters(), *model.buffers()]:
             dist.broadcast(tensor.data, src=0)
@@ -277,6 +284,8 @@ def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer | None, dire
     model_dir = os.path.join(directory, MODEL_DIR)
     if not os.path.isfile(os.path.join(model_dir, ".metadata")):
         raise FileNotFoundError(f"{model_dir} holds no DCP checkpoint (no .metadata file).")
+    writers = len([n for n in os.listdir(model_dir) if n.endswith(".distcp")])
+    parallelism.note_layout_change(directory, writers, model)
     state = {"model": get_model_state_dict(model)}
     _dcp_load(dcp, state, model_dir, no_dist)
     set_model_state_dict(model, state["model"])

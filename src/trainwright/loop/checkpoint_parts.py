@@ -270,7 +270,7 @@ class DataState:
         dataset = getattr(run.dataloader, "dataset", None)
         out: dict[str, Any] = {
             "cursor": run.cursor.to_dict(),
-            "world_size": run.runtime.world_size,
+            "world_size": run.runtime.data_world_size,  # of the position: data-parallel ranks
             "dataset_length": len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None,
             "seed": args.data_seed if args.data_seed is not None else args.seed,
             "loss_windows": self.loss_windows,
@@ -293,7 +293,7 @@ class DataState:
         args, self.folder = self.trainer.args, folder
         if saved is None or args.ignore_data_skip:
             return
-        run, world_size = self.run, self.run.runtime.world_size
+        run, world_size = self.run, self.run.runtime.data_world_size  # the position is per data-parallel rank
         ckpt.check_data_state(saved, folder, world_size, run.dataloader)  # fields a resume reads, in range
         resume.warn_changed_workers(args, folder)
         changed = resume.check_position_args(args, world_size, saved, run.dataloader, folder)
@@ -317,7 +317,7 @@ class DataState:
         cursor = LoopCursor.from_dict(saved["cursor"])
         cursor.steps_in_epoch = run.cursor.steps_in_epoch
         batch = run.geometry[0] if run.geometry else args.per_device_train_batch_size
-        resume.rescale_position(cursor, saved, run.runtime.world_size, batch)
+        resume.rescale_position(cursor, saved, run.runtime.data_world_size, batch)
         return cursor
 
     def _micro_left(self, cursor: LoopCursor) -> int:
@@ -332,7 +332,7 @@ class DataState:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """The saved position (rescaled to this number of processes), data order and dataset state;
         with ignore_data_skip the current epoch restarts from its first batch."""
-        args, run, world_size = self.trainer.args, self.run, self.run.runtime.world_size
+        args, run, world_size = self.trainer.args, self.run, self.run.runtime.data_world_size
         if args.ignore_data_skip:
             cursor = LoopCursor.from_dict(state_dict["cursor"])
             cursor.steps_in_epoch = run.cursor.steps_in_epoch

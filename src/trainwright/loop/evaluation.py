@@ -3,7 +3,8 @@
 Each process keeps its own predictions, labels and per-sample losses as CPU chunks (moved off the
 accelerator every `offload_every` batches and concatenated once at the end). With several
 processes the per-process results are exchanged once at the end and interleaved back into the
-dataset's order (the evaluation sampler deals sample i to process i % world_size; with
+dataset's order (the evaluation sampler deals sample i to data-parallel rank i % ranks, and of the
+processes sharing a rank's batch (tensor-parallel peers) the first one's results count; with
 `accelerator_config`'s split_batches or dispatch_batches, each process's batch is its slice of a
 global batch, put back batch by batch); the samples repeated to even out the last batch are then
 dropped, so metrics equal one process's.
@@ -75,15 +76,21 @@ class EvalGatherer:
             (self._losses if name == "loss" else self._acc[name]).add(value)
         self._pending.clear()
 
+    def _per_data_rank(self, gathered: list[Any]) -> list[Any]:
+        """One entry per data-parallel rank: processes that shared a batch (tensor-parallel peers)
+        computed the same outputs, so the first of each is kept."""
+        layout = getattr(self.runtime, "layout", None)
+        return gathered if layout is None else [gathered[r] for r in layout.data_leaders]
+
     def finish(self, num_samples: int | None) -> EvalResult:
         """Concatenate once, reorder across processes and trim to `num_samples`."""
         self._flush()
         local = {name: acc.get_arrays() for name, acc in self._acc.items()}
         local["losses"] = self._losses.get_arrays()
         if self.runtime.distributed:
-            parts = self.runtime.all_gather_object(local)
+            parts = self._per_data_rank(self.runtime.all_gather_object(local))
             if self.by_batch:
-                rows = self.runtime.all_gather_object(self._rows)
+                rows = self._per_data_rank(self.runtime.all_gather_object(self._rows))
                 merged = {
                     key: in_batch_order([p[key] for p in parts], rows)
                     if key == "losses" or self._acc["preds"].do_concat
@@ -92,7 +99,7 @@ class EvalGatherer:
                 }
             else:
                 merged = {key: interleave_shards([p[key] for p in parts]) for key in local}
-            observed = sum(self.runtime.all_gather_object(self._samples))
+            observed = sum(self._per_data_rank(self.runtime.all_gather_object(self._samples)))
         else:
             merged, observed = local, self._samples
         n = num_samples if num_samples is not None else observed

@@ -137,7 +137,7 @@ def no_samples(trainer: PredictionTrainer, dataloader: Any, name: str, prefix: s
 
 def add_speed_metrics(trainer: PredictionTrainer, output: EvalLoopOutput, prefix: str, start: float) -> None:
     batches = math.ceil(
-        output.num_samples / (trainer.args.per_device_eval_batch_size * trainer.runtime.world_size)
+        output.num_samples / (trainer.args.per_device_eval_batch_size * trainer.runtime.data_world_size)
     )
     output.metrics.update(speed_metrics(prefix, start, num_samples=output.num_samples, num_steps=batches))
 

@@ -27,7 +27,8 @@ from torch import nn
 from trainwright import data as data_utils
 from trainwright.core.state import LoopCursor, TrainerControl, TrainerState
 from trainwright.distributed import device_cache
-from trainwright.distributed.engine import Engine, build_engine
+from trainwright.distributed.engine import Engine
+from trainwright.distributed.engines import build_engine
 from trainwright.distributed.preemption import PreemptionGuard
 from trainwright.modeling.loss import LossWindow, batch_size
 from trainwright.observe.flops import non_embedding_parameters
@@ -169,7 +170,7 @@ class TrainingRun:
         state.global_step = cursor.steps_applied
         state.optimizer_step_attempts = cursor.steps_attempted
         state.epoch = cursor.fractional_epoch
-        state.total_flos = cursor.flops_seen * self.runtime.world_size
+        state.total_flos = cursor.flops_seen * self.runtime.data_world_size  # peers sharing a batch: once
 
     def preempted(self) -> bool:
         """Whether a preemption signal arrived (on any process: every process stops at the same step)."""
@@ -241,8 +242,8 @@ class TrainingRun:
         )
 
     def samples_and_tokens_run(self) -> tuple[int, int]:
-        """Samples and tokens this call trained on, over every process."""
-        world, cursor = self.runtime.world_size, self.cursor
+        """Samples and tokens this call trained on, over every data-parallel rank."""
+        world, cursor = self.runtime.data_world_size, self.cursor
         return (
             (cursor.samples_seen - self.samples_at_start) * world,
             (cursor.tokens_seen - self.tokens_at_start) * world,

@@ -253,7 +253,7 @@ class Trainer(TrainerAPI):
         else:  # a tensor: micro_batches is not empty (sum's type also allows its start, 0)
             total = cast(torch.Tensor, sum(items_in_batch(b, shift) for b in micro_batches))
             if distributed:
-                total = self.runtime.all_reduce(total.to(self.runtime.device))
+                total = self.runtime.all_reduce(total.to(self.runtime.device), data_only=True)
             if total.device.type != "cpu":  # not read back (no sync): an empty step weighs 0, not 0/0
                 total = total.clamp(min=1)
         if self._loss_facts.probe:  # once: does a **kwargs forward divide by num_items_in_batch?
@@ -318,7 +318,7 @@ class Trainer(TrainerAPI):
                 loss = torch.nan_to_num(loss, nan=0.0)
             loss = loss * (micro_items.to(loss.device) / num_items_in_batch.to(loss.device))
         if self.runtime.distributed and self.args.average_tokens_across_devices:
-            loss = loss * self.runtime.world_size  # DDP averages gradients over processes
+            loss = loss * self.runtime.data_world_size  # DDP/FSDP average gradients over data-parallel ranks
         return loss
 
     def compute_loss(

@@ -132,10 +132,10 @@ class TrainerAPI(TrainerSetup):
         return self.cursor.flops_seen
 
     def get_tp_size(self) -> int:
-        return 1  # no tensor parallelism
+        return self.runtime.parallel_size("tp")  # parallelism_config's, else 1
 
     def get_cp_size(self) -> int:
-        return 1  # no context parallelism
+        return self.runtime.parallel_size("cp")
 
     def get_sp_size(self) -> int:
         return 1  # no sequence parallelism
@@ -351,7 +351,7 @@ class TrainerAPI(TrainerSetup):
         return int(self._flops(inputs))
 
     def store_flos(self) -> None:
-        self.state.total_flos = self.cursor.flops_seen * self.runtime.world_size
+        self.state.total_flos = self.cursor.flops_seen * self.runtime.data_world_size
 
     # ------------------------------------------------------------------ log / evaluate / save
     def _log_save_evaluate_args(self, run: TrainingRun, epoch: int) -> tuple:

@@ -30,6 +30,7 @@ from trainwright.core.events import CallbackHandler, TrainerCallback
 from trainwright.core.runtime import Runtime, get_runtime
 from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import TrainerControl, TrainerState
+from trainwright.distributed import parallelism
 from trainwright.distributed.output_lock import create_output_dir
 from trainwright.loop import dataloaders, hub
 from trainwright.loop.run import TrainingRun, empty_training_message
@@ -120,6 +121,7 @@ class TrainerSetup:
             warnings.warn("`tokenizer` is deprecated: pass `processing_class`.", FutureWarning, stacklevel=2)
             processing_class = processing_class if processing_class is not None else tokenizer
         self.runtime = get_runtime(use_cpu=args.use_cpu, backend=args.ddp_backend, timeout_s=args.ddp_timeout)
+        parallelism.set_up(args, self.runtime)  # parallelism_config's DeviceMesh (or none)
         _set_log_level(args)
         if DebugOption.TPU_METRICS_DEBUG in args.debug:
             raise ValueError(
@@ -360,8 +362,10 @@ class TrainerSetup:
         return dataloaders.num_examples(dataloader, self.args.per_device_train_batch_size)
 
     def get_total_train_batch_size(self, args: TrainingArguments) -> int:
-        """Samples per optimizer step over every process: batch x accumulation x processes."""
-        return args.per_device_train_batch_size * args.gradient_accumulation_steps * self.runtime.world_size
+        """Samples per optimizer step: batch x accumulation x data-parallel ranks (processes)."""
+        return (
+            args.per_device_train_batch_size * args.gradient_accumulation_steps * self.runtime.data_world_size
+        )
 
 
 def _plugins(args: TrainingArguments, model: nn.Module) -> list[TrainerCallback]:
