@@ -96,16 +96,23 @@ _CURSOR_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     },
     "flops_seen": (_is_number, "a number"),
     "loss_logged_total": (_is_number, "a number"),
-    "loss_window": (lambda v: isinstance(v, list) and all(map(_is_number, v)), "a list of numbers"),
+    # a step without any label target has no loss: null
+    "loss_window": (
+        lambda v: isinstance(v, list) and all(map(_optional(_is_number), v)),
+        "a list of numbers or nulls",
+    ),
 }
 _POSITION = ("epoch", "batch_in_epoch", "samples_in_epoch")
 _DATA_STATE_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "world_size": (lambda v: type(v) is int and v > 0, "a positive integer"),
     "loss_windows": (
         _optional(
-            lambda v: isinstance(v, list) and all(isinstance(w, list) and all(map(_is_number, w)) for w in v)
+            lambda v: (
+                isinstance(v, list)
+                and all(isinstance(w, list) and all(map(_optional(_is_number), w)) for w in v)
+            )
         ),
-        "a list of lists of numbers, or null",
+        "a list of lists of numbers (or nulls), or null",
     ),
     "sampler": (lambda v: isinstance(v, dict), "an object"),
 }

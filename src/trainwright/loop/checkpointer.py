@@ -17,7 +17,9 @@ with the same fsyncs, manifest and rename as a synchronous save. Then:
 * `wait` before anything that needs the checkpoint on disk or the writer idle: the next save,
   `save_model`, loading the best model, the end of `train()` (a preemption's exit included);
 * `abandon` when `train()` is leaving on an exception: the write in flight finishes (a complete
-  checkpoint, or none) without the completion work, and its error is noted on the exception.
+  checkpoint, or none) without the completion work, and its error is noted on the exception; on a
+  KeyboardInterrupt (a second Ctrl-C: "aborting without a checkpoint") it is cancelled instead, and
+  is not committed unless it was already committing.
 
 A save the snapshot can't serve is written synchronously (the reason is logged once): a subclass that
 overrides `_save_checkpoint`, `_save` or `save_model` (called as upstream calls it, in the training
