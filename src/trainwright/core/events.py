@@ -157,6 +157,8 @@ class CallbackHandler(TrainerCallback):
     # -- the list ---------------------------------------------------------------------------
     def _refresh(self) -> None:
         self._listeners = {e: [cb for cb in self.callbacks if _overrides(cb, e)] for e in EVENTS}
+        # events with nothing to do: no listener and no flag to reset (the Trainer skips their call)
+        self.quiet = frozenset(e for e, cbs in self._listeners.items() if not cbs and e not in _RESETS)
 
     def add_callback(self, callback) -> None:
         cb = callback() if isinstance(callback, type) else callback
@@ -195,8 +197,10 @@ class CallbackHandler(TrainerCallback):
 
     # -- dispatch ---------------------------------------------------------------------------
     def call_event(self, event: str, args, state: TrainerState, control: TrainerControl, **kwargs):
-        for flag in _RESETS.get(event, ()):
-            setattr(control, flag, False)
+        resets = _RESETS.get(event)
+        if resets is not None:
+            for flag in resets:
+                setattr(control, flag, False)
         listeners = self._listeners.get(event)
         if not listeners:
             return control

@@ -56,6 +56,8 @@ class TrainingRun:
         count_flops: Callable[[Any], Any] | None = None,
     ) -> None:
         self.args, self.runtime, self.device = args, runtime, runtime.device
+        # facts of the processes, fixed for the run (read every step: plain attributes, not properties)
+        self.distributed, self.data_world_size = runtime.distributed, runtime.data_world_size
         self.dataloader = dataloader
         self.epochs, self.max_steps = epochs, max_steps
         self.trial, self.ignore_keys_for_eval = trial, ignore_keys_for_eval
@@ -170,12 +172,12 @@ class TrainingRun:
         state.global_step = cursor.steps_applied
         state.optimizer_step_attempts = cursor.steps_attempted
         state.epoch = cursor.fractional_epoch
-        state.total_flos = cursor.flops_seen * self.runtime.data_world_size  # peers sharing a batch: once
+        state.total_flos = cursor.flops_seen * self.data_world_size  # peers sharing a batch: once
 
     def preempted(self) -> bool:
         """Whether a preemption signal arrived (on any process: every process stops at the same step)."""
         requested = self.preemption.requested is not None
-        return self.runtime.any_process(requested) if self.runtime.distributed else requested
+        return self.runtime.any_process(requested) if self.distributed else requested
 
     def note_nonfinite(self, step: int) -> None:
         """Step `step` had a non-finite loss (found when a window is read, or at a save)."""
@@ -188,7 +190,10 @@ class TrainingRun:
         self.cursor.steps_without_targets += 1
 
     def stop_if_preempted(self, control: TrainerControl) -> None:
-        if self.preempted():
+        requested = self.preemption.requested is not None  # preempted(), without a call
+        if self.distributed:
+            requested = self.runtime.any_process(requested)
+        if requested:
             control.should_save = control.should_training_stop = True
 
     def log_due(self, control: TrainerControl) -> bool:
@@ -198,7 +203,7 @@ class TrainingRun:
             or control.should_log
             or control.should_evaluate
             or control.should_save
-            or self.window_full()
+            or self.cursor.steps_since_log >= MAX_UNLOGGED_STEPS  # window_full(), without a call
         )
 
     def window_full(self) -> bool:

@@ -294,9 +294,10 @@ class TrainerAPI(TrainerSetup):
 
     def _fire(self, event: str, state: TrainerState | None = None, **kwargs: Any) -> None:
         """Send `event` to the callbacks that listen to it; `control` is what they return."""
-        self.control = self.callback_handler.call_event(
-            event, self.args, self.state if state is None else state, self.control, **kwargs
-        )
+        handler = self.callback_handler
+        if event in handler.quiet:  # nobody listens, nothing to reset: no call (every step's events)
+            return
+        self.control = handler.call_event(event, self.args, state or self.state, self.control, **kwargs)
 
     def _log_training_window(
         self, grad_norm: Any = None, learning_rate: float | None = None, start_time: float | None = None

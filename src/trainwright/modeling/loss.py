@@ -180,7 +180,8 @@ def items_in_batch(inputs: Mapping[str, Any], label_shift: bool) -> torch.Tensor
 def has_no_targets(inputs: Any, label_shift: bool) -> bool:
     """Whether a batch's integer labels are all ignored (-100): a mean loss over them is 0/0. Only
     integer labels are counted (a CPU count); regression labels always have targets."""
-    labels = inputs.get("labels") if isinstance(inputs, Mapping) else None
+    # every step: a dict skips the Mapping ABC check, float labels the count
+    labels = inputs.get("labels") if type(inputs) is dict or isinstance(inputs, Mapping) else None
     if not isinstance(labels, torch.Tensor) or labels.is_floating_point() or labels.is_complex():
         return False
     return not bool(count_items(inputs, shift=label_shift))
