@@ -3,10 +3,13 @@ machine's load, summaries."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import platform
+import socket
 import statistics
+import subprocess
 import sys
 import time
 import warnings
@@ -171,3 +174,25 @@ def summary(values: list[float], unit: str = "s", scale: float = 1.0) -> str:
     """`median (min..max, n=N)` of a list of measurements."""
     v = [x * scale for x in values]
     return f"median {statistics.median(v):8.3f} {unit}  (min {min(v):.3f}, max {max(v):.3f}, n={len(v)})"
+
+
+def launch_job(script: str, cfg: dict, nproc: int, env: dict | None = None, timeout: int = 1800) -> None:
+    """Run `script --worker <cfg as JSON>` in `nproc` processes on this node (torchrun when more than
+    one), with `cfg["threads"]` torch threads each; exits naming the job and its output if it fails."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": str(cfg["threads"]), **(env or {})}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):  # this driver's own torchrun, if any
+        full_env.pop(name, None)
+    worker = [script, "--worker", json.dumps(cfg)]
+    if nproc == 1:
+        cmd = [sys.executable, *worker]
+    else:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        launcher = ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1"]
+        cmd = [sys.executable, *launcher, f"--master_port={port}", *worker]
+    proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"benchmark job failed ({' '.join(cmd[:6])} ...):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )

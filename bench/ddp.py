@@ -16,20 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
+from _common import launch_job
+
 HERE = os.path.abspath(__file__)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------- worker side
@@ -145,28 +138,7 @@ def _communication_share(trainer, data, cfg: dict) -> dict:
 
 # ---------------------------------------------------------------------------------- driver side
 def _run(cfg: dict, nproc: int) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": str(cfg["threads"])}
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        env.pop(name, None)
-    if nproc == 1:
-        cmd = [sys.executable, HERE, "--worker", json.dumps(cfg)]
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc_per_node={nproc}",
-            "--master_addr=127.0.0.1",
-            f"--master_port={_free_port()}",
-            HERE,
-            "--worker",
-            json.dumps(cfg),
-        ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        raise SystemExit(
-            f"benchmark job failed ({' '.join(cmd[:6])} ...):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        )
+    launch_job(HERE, cfg, nproc)
 
 
 def main() -> None:

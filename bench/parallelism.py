@@ -16,21 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
+from _common import launch_job
+
 HERE = os.path.abspath(__file__)
 COMM_MARKS = ("c10d::", "_c10d_functional::", "c10d_functional::", "gloo:", "nccl", "record_param_comms")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------- worker side
@@ -175,23 +168,7 @@ def communication_seconds(prof) -> float:
 # ---------------------------------------------------------------------------------- driver side
 def run_layout(cfg: dict, nproc: int, backend_env: dict | None = None) -> dict:
     """Launch `nproc` processes on this node for one layout; rank 0's report."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(cfg["threads"]), **(backend_env or {})}
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        env.pop(name, None)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}",
-        HERE,
-        "--worker",
-        json.dumps(cfg),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        raise SystemExit(f"layout {cfg['layout']} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    launch_job(HERE, cfg, nproc, env=backend_env, timeout=3600)
     with open(os.path.join(cfg["out"], f"result_{cfg['name']}.json")) as f:
         return json.load(f)
 

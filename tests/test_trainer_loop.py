@@ -211,7 +211,7 @@ class MeanTokenLM(nn.Module):
         return {"loss": loss, "logits": logits}
 
 
-def _one_step(model_fn, make_args, dataset, bs, ga, **kw):
+def _one_step(model_fn, make_args, dataset, bs, ga, trainer_cls=Trainer, **kw):
     torch.manual_seed(0)
     model = model_fn()
     args = make_args(
@@ -224,7 +224,7 @@ def _one_step(model_fn, make_args, dataset, bs, ga, **kw):
         train_sampling_strategy="sequential",
         **kw,
     )
-    Trainer(model=model, args=args, train_dataset=dataset).train()
+    trainer_cls(model=model, args=args, train_dataset=dataset).train()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -262,19 +262,8 @@ def test_mean_of_micro_batch_means_would_differ(make_args):
 
     data = PaddedLM()
     full = _one_step(MeanTokenLM, make_args, data, bs=8, ga=1)
-    torch.manual_seed(0)
-    model = MeanTokenLM()
-    args = make_args(
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=4,
-        max_steps=1,
-        optim="sgd",
-        learning_rate=1.0,
-        max_grad_norm=0,
-        train_sampling_strategy="sequential",
-    )
-    OldRule(model=model, args=args, train_dataset=data).train()
-    diff = max((model.state_dict()[k] - full[k]).abs().max().item() for k in full)
+    accumulated = _one_step(MeanTokenLM, make_args, data, bs=2, ga=4, trainer_cls=OldRule)
+    diff = max((accumulated[k] - full[k]).abs().max().item() for k in full)
     assert diff > 1e-4
 
 
@@ -476,16 +465,4 @@ def test_a_compute_loss_override_is_scaled_by_the_declared_facts(make_args):
 
     data = PaddedLM()
     full = _one_step(tiny, make_args, data, bs=8, ga=1)
-    torch.manual_seed(0)
-    model = tiny()
-    args = make_args(
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=4,
-        max_steps=1,
-        optim="sgd",
-        learning_rate=1.0,
-        max_grad_norm=0,
-        train_sampling_strategy="sequential",
-    )
-    Override(model=model, args=args, train_dataset=data).train()
-    _assert_same(full, {k: v.detach() for k, v in model.state_dict().items()})
+    _assert_same(full, _one_step(tiny, make_args, data, bs=2, ga=4, trainer_cls=Override))
