@@ -34,14 +34,14 @@ counted on the unsplit batch, once per data-parallel rank.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainwright.modeling.loss import is_causal_lm
+from trainwright.modeling.loss import is_causal_lm, model_accepts_loss_kwargs
 
 IGNORE_INDEX = -100
 SPLIT = ("input_ids", "labels", "shift_labels", "position_ids", "attention_mask")  # split along dim 1
@@ -66,18 +66,16 @@ def prepare(batch: Mapping[str, Any], cp_size: int) -> dict[str, Any]:
     rows, length = ids.shape
     out = dict(batch)
     for key, value in out.items():
-        per_token = isinstance(value, torch.Tensor) and value.dim() >= 2 and tuple(value.shape[:2]) == (rows, length)
+        per_token = (
+            isinstance(value, torch.Tensor) and value.dim() >= 2 and tuple(value.shape[:2]) == (rows, length)
+        )
         if per_token and key not in SPLIT:
             raise _refuse(
                 f"the batch's {key!r} has one entry per token, and only {list(SPLIT)} are split along "
                 "the sequence; remove it from the batch (the collator or remove_unused_columns)"
             )
-    labels = out.get("labels")
-    if not isinstance(labels, torch.Tensor) and "shift_labels" not in out:
-        raise _refuse("the batch has no `labels`: a causal LM's loss is what context parallelism splits")
-    if "shift_labels" not in out:  # before the split: a shard's last position's target is in the next one
-        out["shift_labels"] = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
-    out["position_ids"] = _positions(out.get("position_ids"), rows, length)
+    out["shift_labels"] = _shift_labels(out, rows, length)
+    out["position_ids"] = _positions(out.get("position_ids"), rows, length, ids.device)
     _check_padding(out.pop("attention_mask", None), out["shift_labels"])
     out["attention_mask"] = torch.ones_like(ids)
     extra = -length % (2 * cp_size)
@@ -86,11 +84,31 @@ def prepare(batch: Mapping[str, Any], cp_size: int) -> dict[str, Any]:
     return out
 
 
-def _positions(positions: Any, rows: int, length: int) -> torch.Tensor:
+def _shift_labels(batch: Mapping[str, Any], rows: int, length: int) -> torch.Tensor:
+    """The targets of each position, made before the split (a shard's last position's target is the
+    next shard's first label): the batch's own `shift_labels`, else its labels moved one left."""
+    given = batch.get("shift_labels")
+    labels = batch.get("labels") if given is None else given
+    name = "labels" if given is None else "shift_labels"
+    if not isinstance(labels, torch.Tensor):
+        raise _refuse(
+            "the batch has no `labels`: a causal LM's next-token loss is what context parallelism splits"
+        )
+    if tuple(labels.shape) != (rows, length):
+        raise _refuse(
+            f"the batch's {name} have shape {tuple(labels.shape)}, not input_ids' {(rows, length)}: "
+            "one label per token is split with the tokens"
+        )
+    if given is not None:
+        return given
+    return F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+
+
+def _positions(positions: Any, rows: int, length: int, device: torch.device) -> torch.Tensor:
     """Explicit position ids, one row per sequence; positions that do not advance by one are refused."""
     if positions is None:
-        return torch.arange(length).expand(rows, length).clone()
-    positions = torch.as_tensor(positions).expand(rows, length)
+        return torch.arange(length, device=device).expand(rows, length).clone()
+    positions = torch.as_tensor(positions, device=device).expand(rows, length)
     if length > 1 and not bool((positions.diff(dim=1) == 1).all()):
         raise _refuse(
             "the batch's position_ids restart or jump inside a row (packed sequences, e.g. padding_free or "
@@ -104,9 +122,11 @@ def _check_padding(mask: Any, shift_labels: torch.Tensor) -> None:
     the real tokens from the padding) and no padding position has a target."""
     if mask is None:
         return
-    mask = torch.as_tensor(mask)
+    mask = torch.as_tensor(mask, device=shift_labels.device)
     if mask.dim() != 2 or mask.shape != shift_labels.shape:
-        raise _refuse(f"attention_mask of shape {tuple(mask.shape)}: only a (batch, sequence) padding mask is taken")
+        raise _refuse(
+            f"attention_mask of shape {tuple(mask.shape)}: only a (batch, sequence) padding mask is taken"
+        )
     real = mask != 0
     if not bool((real[:, 1:] <= real[:, :-1]).all()):
         raise _refuse(
@@ -128,7 +148,7 @@ def _pad_end(batch: dict[str, Any], extra: int) -> dict[str, Any]:
         if not isinstance(value, torch.Tensor):
             continue
         if key == "position_ids":
-            tail = value[:, -1:] + torch.arange(1, extra + 1, dtype=value.dtype)
+            tail = value[:, -1:] + torch.arange(1, extra + 1, dtype=value.dtype, device=value.device)
             out[key] = torch.cat([value, tail], dim=1)
         else:
             out[key] = F.pad(value, (0, extra), value=_PAD[key])
@@ -147,20 +167,52 @@ def check_model(model: nn.Module) -> None:
             'load the model with attn_implementation="sdpa" (or set model.config._attn_implementation = "sdpa")'
         )
     if not is_causal_lm(model):
-        raise _refuse(f"{name} is not a causal LM: the split relies on causal attention and next-token labels")
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        raise _refuse(
+            f"{name} is not a causal LM: the split relies on causal attention and next-token labels"
+        )
+    get_text = getattr(config, "get_text_config", None)
+    text = get_text() if callable(get_text) else config
     layer_types = getattr(text, "layer_types", None)
     if layer_types is not None:
         other = sorted({t for t in layer_types if t != "full_attention"})
     else:
         other = ["sliding_attention"] if getattr(text, "sliding_window", None) else []
     if other:
-        raise _refuse(f"{name} has attention layers of type {other}; ring attention computes full causal attention only")
+        raise _refuse(
+            f"{name} has attention layers of type {other} (config.layer_types / config.sliding_window); ring "
+            "attention computes full causal attention only: use a model with full attention in every layer "
+            "(or, where every sequence is shorter than the window, set config.sliding_window=None)"
+        )
     if getattr(text, "output_router_logits", False):
         raise _refuse(
             f"{name} adds a router load-balancing loss (output_router_logits=True), which each process would "
             "compute over its shard of the tokens only: set config.output_router_logits=False"
         )
+    if model_accepts_loss_kwargs(model) is False:
+        raise _refuse(
+            f"{name}'s loss does not take num_items_in_batch (accepts_loss_kwargs=False): a shard's loss must be "
+            "the sum over its targets divided by the step's targets (a shard may hold none, and a mean over none "
+            "is NaN); use a model whose loss divides by num_items_in_batch (transformers' causal LMs do)"
+        )
+
+
+def check_loss_function(compute_loss_func: Any) -> None:
+    """A Trainer's `compute_loss_func` gets a shard's labels, unshifted: refused (see `prepare`)."""
+    if compute_loss_func is not None:
+        raise _refuse(
+            "compute_loss_func gets the labels of a sequence shard and would shift them itself (a shard's last "
+            "position's target is in the next shard); remove it and let the causal LM compute its loss "
+            "(it takes the pre-shifted `shift_labels` each shard is given)"
+        )
+
+
+def refuse_mean_loss(model_name: str) -> ValueError:
+    """A model found (measured) to ignore `num_items_in_batch`: its mean over a shard without targets is NaN."""
+    return _refuse(
+        f"{model_name} ignores num_items_in_batch (measured on the first batch): its loss is a mean over a "
+        "shard's targets, and a shard may hold none (NaN); use a model whose loss divides by num_items_in_batch "
+        "(transformers' causal LMs do)"
+    )
 
 
 # ---------------------------------------------------------------------------------- the CUDA path
@@ -168,8 +220,8 @@ def check_model(model: nn.Module) -> None:
 def split(
     batch: Mapping[str, Any], cp_mesh: Any, rotate_method: str, device: torch.device
 ) -> Iterator[dict[str, Any]]:
-    """The micro-batch's context: yields this process's shard of `batch` (prepared, on `device`) while
-    torch's ring attention replaces SDPA; the forward and the backward run inside."""
+    """This process's shard of `batch` (prepared, on `device`) while torch's ring attention replaces
+    SDPA; the forward and the backward run inside. Every process of `cp_mesh` enters it together."""
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import set_rotate_method
 
@@ -182,3 +234,31 @@ def split(
         cp_mesh, buffers=buffers, buffer_seq_dims=[1] * len(buffers), no_restore_buffers=set(buffers)
     ):
         yield local
+
+
+@contextlib.contextmanager
+def micro_batch(
+    batch: Any,
+    cp_mesh: Any,
+    rotate_method: str,
+    device: torch.device,
+    inner: contextlib.AbstractContextManager,
+) -> Iterator[None]:
+    """The training loop's micro-batch context under context parallelism: `inner` (the engine's own,
+    gradient sync), and `batch`, the loop's micro-batch mapping, holding this process's shard
+    (`split`) inside it, so that the training step's forward, loss and item count see the shard; the
+    batch is given its own contents back at the end."""
+    if not isinstance(batch, MutableMapping):
+        raise _refuse(
+            f"the training batches are {type(batch).__name__}, not a dict of tensors: context parallelism "
+            "splits the input_ids and labels of a dict batch (the collator's output) along the sequence"
+        )
+    with inner, split(batch, cp_mesh, rotate_method, device) as local:
+        whole = dict(batch)
+        batch.clear()
+        batch.update(local)
+        try:
+            yield
+        finally:
+            batch.clear()
+            batch.update(whole)

@@ -75,13 +75,23 @@ def requested(args: Any, runtime: Any) -> ParallelismSizes | None:
 
 def check_context_parallel(sizes: ParallelismSizes, device: torch.device) -> None:
     """cp_size > 1 where PyTorch cannot split attention over the sequence: an error saying why."""
-    if sizes.cp_size > 1 and device.type != "cuda":
+    if sizes.cp_size == 1:
+        return
+    if device.type != "cuda":
         raise ValueError(
             f"parallelism_config: cp_size={sizes.cp_size} on {device.type}: PyTorch's context parallelism "
             "(torch.distributed.tensor.experimental.context_parallel) splits the attention of CUDA's SDPA "
             f"kernels only; on {device.type} it has no sharding rule for the SDPA kernel "
             "(aten._scaled_dot_product_flash_attention_for_cpu). Train with cp_size=1 here, on GPUs for cp_size > 1."
         )
+    try:
+        from torch.distributed.tensor.experimental import context_parallel  # noqa: F401
+        from torch.distributed.tensor.experimental._attention import set_rotate_method  # noqa: F401
+    except ImportError as err:
+        raise ValueError(
+            f"parallelism_config: cp_size={sizes.cp_size}: this torch ({torch.__version__}) has no context "
+            f"parallelism ({err}); install torch >= 2.7 or set cp_size=1."
+        ) from None
 
 
 def set_up(args: Any, runtime: Any) -> None:
