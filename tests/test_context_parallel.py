@@ -369,3 +369,18 @@ def test_cp_size_2_is_refused_on_cpu_processes_under_torchrun(four_ranks):
     for seen in four_ranks:
         assert "cp_size=2 on cpu" in seen["refused"]
         assert "_scaled_dot_product_flash_attention_for_cpu" in seen["refused"]
+
+
+# ---------------------------------------------------------------------------------- the GPU check script
+def test_the_gpu_check_plans_its_layouts_and_skips_without_two_gpus(capsys, monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(HERE), "bench"))
+    import cp_gpu
+
+    assert cp_gpu.main(["--plan", "--gpus", "4", "--hsdp"]) == 0
+    assert "one process, then cp=2, dp_shard=2 x cp=2, dp_replicate=2 x cp=2" in capsys.readouterr().out
+    assert cp_gpu.main(["--gpus", "1"]) == 0  # nothing to compare on one GPU: says so, runs nothing
+    assert "1 CUDA GPU(s) here" in capsys.readouterr().out
+    gap = cp_gpu.compare([{"loss": 1.0, "grad_norm": 2.2}], [{"loss": 1.0, "grad_norm": 2.0}])
+    assert gap == pytest.approx(0.1)
+    with pytest.raises(SystemExit):
+        cp_gpu.parse_arguments(["--global-batch", "3"])
