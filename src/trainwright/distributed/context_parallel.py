@@ -2,7 +2,7 @@
 split along its length over the processes of the mesh's "cp" dimension, and attention runs as
 PyTorch's ring attention over them (`torch.distributed.tensor.experimental.context_parallel`).
 
-The processes of one "cp" group read the same batch (they are one data-parallel rank). Three parts:
+The processes of one "cp" group read the same batch (they are one data-parallel rank). The parts:
 
 * `prepare(batch, cp_size)`, pure (CPU): the batch made splittable so that the shards' losses add
   up to the unsplit loss, or refused. Position ids are made explicit (a shard's rotary positions are
@@ -16,12 +16,17 @@ The processes of one "cp" group read the same batch (they are one data-parallel 
   can attend to. Left padding, padding with targets, packed sequences (position ids that restart)
   and other per-token inputs are refused by name: dropping their mask would change the loss.
 * `check_model(model)`: what ring attention needs of the model: SDPA attention, a causal LM,
-  full causal attention in every layer (no sliding window), no router loss over a shard.
+  full causal attention in every layer (no sliding window), no router loss over a shard, a loss that
+  divides by `num_items_in_batch` (a shard may hold no target: a mean over it would be NaN).
+  `check_loss_function` / `refuse_mean_loss`: the Trainer's side of that; the arguments that can't
+  be honoured (label smoothing, `fused_linear_cross_entropy`, ...) are refused in `args/validation.py`.
 * `split(batch, cp_mesh, rotate_method, device)`, the CUDA path: the prepared batch on the device,
   then torch's `context_parallel` shards input ids, labels, shifted labels, position ids and the
   mask in place (its head-tail load balancer: rank r keeps chunks r and 2*cp_size-1-r, so every rank
   gets the same share of the causal work) and replaces SDPA with its ring attention (`set_rotate_method`:
   `cp_comm_strategy`, "allgather" or "alltoall") for the micro-batch's forward and backward.
+  `micro_batch` is that as the training loop's micro-batch context (`nd_engine.ContextParallelEngine.
+  accumulate`): the loop's micro-batch mapping holds the shard inside it and its own contents after.
 
 The loss of a shard is `sum of its targets' losses / N`, N being the step's targets over every
 data-parallel rank (counted on the unsplit batches); FSDP2 averages gradients over the
