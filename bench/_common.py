@@ -19,6 +19,22 @@ from typing import Any
 from trainwright.core.events import TrainerCallback
 
 
+class TokenRows:
+    """`n` random rows of `seq` token ids below `vocab` (seeded), each its own labels: a causal LM's
+    batch for the multi-process benches."""
+
+    def __init__(self, n: int, seq: int, vocab: int) -> None:
+        import torch
+
+        self.ids = torch.randint(0, vocab, (n, seq), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
 def add_threads_argument(parser: Any) -> None:
     """`--threads N` (default 1): small steps on several threads mostly time thread wake-ups."""
     parser.add_argument(

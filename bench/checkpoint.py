@@ -276,8 +276,8 @@ def async_save_times(trainer: Trainer) -> tuple[float, float]:
         start = time.perf_counter()
         trainer._save_checkpoint()
         blocked = time.perf_counter() - start
-        assert trainer._checkpoint_writer is not None and trainer._checkpoint_writer.pending
-        trainer._checkpoint_writer.wait()
+        assert trainer._run.checkpointer.writer is not None and trainer._run.checkpointer.writer.pending
+        trainer._run.checkpointer.writer.wait()
         return blocked, time.perf_counter() - start
     finally:
         trainer.args.async_save = False
@@ -304,7 +304,7 @@ def bench_async_save(name: str, build, repeats: int) -> float:
                             blocked.append(b)
                             durable.append(d)
                     _reset(path)
-        writer = trainer._checkpoint_writer
+        writer = trainer._run.checkpointer.writer
         held = writer.snapshot_bytes if writer is not None else 0
     ratio = statistics.median(blocked) / statistics.median(sync)
     print(f"\nAsync save: {name}; {repeats} alternating runs (sync, async)")

@@ -20,7 +20,7 @@ import statistics
 import tempfile
 import time
 
-from _common import launch_job
+from _common import TokenRows, launch_job
 
 HERE = os.path.abspath(__file__)
 
@@ -37,17 +37,6 @@ def _worker(cfg: dict) -> None:
     torch.set_num_threads(cfg["threads"])
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_device = cfg["global_batch"] // world
-
-    class Data(torch.utils.data.Dataset):
-        def __init__(self, n: int):
-            g = torch.Generator().manual_seed(0)
-            self.ids = torch.randint(0, 256, (n, cfg["seq"]), generator=g)
-
-        def __len__(self) -> int:
-            return len(self.ids)
-
-        def __getitem__(self, i: int) -> dict:
-            return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
     class StepTimer(TrainerCallback):
         def __init__(self) -> None:
@@ -78,7 +67,10 @@ def _worker(cfg: dict) -> None:
         ddp_backend=cfg.get("backend"),
     )
     trainer = Trainer(
-        model=model, args=args, train_dataset=Data(cfg["global_batch"] * steps), callbacks=[timer]
+        model=model,
+        args=args,
+        train_dataset=TokenRows(cfg["global_batch"] * steps, cfg["seq"], 256),
+        callbacks=[timer],
     )
     trainer.train()
     timed = timer.times[cfg["warmup"] :]
@@ -87,7 +79,7 @@ def _worker(cfg: dict) -> None:
 
     runtime = trainer.runtime
     if runtime.distributed:
-        report.update(_communication_share(trainer, Data(per_device), cfg))
+        report.update(_communication_share(trainer, TokenRows(per_device, cfg["seq"], 256), cfg))
     if runtime.is_main_process:
         with open(os.path.join(cfg["out"], f"result_{world}_{cfg['threads']}.json"), "w") as f:
             json.dump(report, f)
@@ -95,6 +87,8 @@ def _worker(cfg: dict) -> None:
 
 def _communication_share(trainer, data, cfg: dict) -> dict:
     """Median step time with and without gradient all-reduce (no_sync), same model and batch."""
+    import contextlib
+
     import torch
     import torch.distributed as dist
 
@@ -105,7 +99,7 @@ def _communication_share(trainer, data, cfg: dict) -> dict:
 
     def step(sync: bool) -> float:
         start = time.perf_counter()
-        with runtime.no_sync(ddp, skip_sync=not sync):
+        with contextlib.nullcontext() if sync else ddp.no_sync():  # DDP's own switch
             ddp(**batch)["loss"].backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

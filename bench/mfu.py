@@ -73,6 +73,10 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--batch", type=int, default=8)
     ns = p.parse_args()
+    if ns.steps < 20:  # SpeedMonitor's first full 10-step window ends after the first logged one
+        p.error(
+            f"--steps must be >= 20 (one full 10-step throughput window after the first log), got {ns.steps}"
+        )
     quiet()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")

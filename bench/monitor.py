@@ -58,6 +58,7 @@ from trainwright.observe.flops import FlopsEstimator, count_flops, estimate_6n_f
 quiet()
 
 LOGGING_STEPS = 10
+DEFAULT_WINDOW = SpeedMonitor().window_size
 GPT_SEQ = 64
 
 
@@ -282,11 +283,13 @@ def main() -> int:
     ns = p.parse_args()
     if ns.repeats < 1:
         p.error(f"--repeats must be >= 1, got {ns.repeats}")
+    # SpeedMonitor's rates appear once its window (default 100 steps) is full: a log after that
+    least = max(2 * LOGGING_STEPS, DEFAULT_WINDOW + LOGGING_STEPS)
     for flag, value in (("--mlp-steps", ns.mlp_steps), ("--gpt-steps", ns.gpt_steps)):
-        if value < 2 * LOGGING_STEPS:
+        if value < least:
             p.error(
-                f"{flag} must be >= {2 * LOGGING_STEPS} (one full {LOGGING_STEPS}-step window after the first log), "
-                f"got {value}"
+                f"{flag} must be >= {least} (SpeedMonitor's {DEFAULT_WINDOW}-step window full, then a "
+                f"{LOGGING_STEPS}-step logging window), got {value}"
             )
     apply_threads(ns.threads)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {load_average()}")

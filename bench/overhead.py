@@ -233,6 +233,9 @@ def main() -> int:
     p.add_argument("--skip", choices=("mlp", "gpt"), action="append", default=[], help="leave a workload out")
     add_malloc_argument(p)
     ns = p.parse_args()
+    for name in ("mlp_steps", "gpt_steps"):
+        if getattr(ns, name) <= WARMUP + 1:  # the steady rate is timed after the warm-up steps
+            p.error(f"--{name.replace('_', '-')} must be > {WARMUP + 1} (the first {WARMUP} are warm-up)")
     malloc = apply_malloc(ns.malloc)
     if ns.clock == "thread":
         global _now

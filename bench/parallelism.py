@@ -20,7 +20,7 @@ import statistics
 import tempfile
 import time
 
-from _common import launch_job
+from _common import TokenRows, launch_job
 
 HERE = os.path.abspath(__file__)
 COMM_MARKS = ("c10d::", "_c10d_functional::", "c10d_functional::", "gloo:", "nccl", "record_param_comms")
@@ -44,17 +44,6 @@ def worker(cfg: dict) -> None:
     if cfg["global_batch"] % data_ranks:
         raise SystemExit(f"global batch {cfg['global_batch']} does not split over {data_ranks} data ranks")
     per_device = cfg["global_batch"] // data_ranks
-
-    class Data(torch.utils.data.Dataset):
-        def __init__(self, n: int):
-            g = torch.Generator().manual_seed(0)
-            self.ids = torch.randint(0, cfg["vocab"], (n, cfg["seq"]), generator=g)
-
-        def __len__(self) -> int:
-            return len(self.ids)
-
-        def __getitem__(self, i: int) -> dict:
-            return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
     class Clock(TrainerCallback):
         """Wall time of each optimizer step; the last `profiled` steps run under torch.profiler."""
@@ -108,7 +97,10 @@ def worker(cfg: dict) -> None:
         parallelism_config=layout or None,
     )
     trainer = Trainer(
-        model=model, args=args, train_dataset=Data(cfg["global_batch"] * steps), callbacks=[clock]
+        model=model,
+        args=args,
+        train_dataset=TokenRows(cfg["global_batch"] * steps, cfg["seq"], cfg["vocab"]),
+        callbacks=[clock],
     )
     trainer.train()
     timed = clock.times[cfg["warmup"] :]
