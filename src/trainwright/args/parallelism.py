@@ -8,7 +8,8 @@ The fields (accelerate 1.15's names):
 - `tp_size`: processes each layer's weights are split over by the model's tensor-parallel plan;
 - `cp_size`: processes each sequence is split over (context parallel attention; CUDA only);
 - `sp_size` / `sp_backend`: DeepSpeed's Ulysses sequence parallelism: refused (not provided);
-- `cp_backend` ("torch"), `tp_handler` (`enable_async_tp`), `cp_handler` (`cp_comm_strategy`).
+- `cp_backend` ("torch"), `tp_handler` (`enable_async_tp`), `cp_handler` (`cp_comm_strategy`: how
+  ring attention passes keys and values, "allgather" or "alltoall", given to torch's `set_rotate_method`).
 
 The product of the four sizes must be the number of processes; that is checked when the mesh is
 built (`trainwright.distributed.parallelism`), where the world is known. All sizes 1 is accelerate's

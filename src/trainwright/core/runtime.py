@@ -41,7 +41,9 @@ class Layout:
     """An N-D parallel layout of the processes (`parallelism_config`): its DeviceMesh and sizes, and
     the data-parallel view of it. Processes that share a batch (tensor- and context-parallel peers)
     are one data-parallel rank; `data_group` joins this process to its peers at the same position in
-    the other data-parallel ranks, and `data_leaders[d]` is the first process of data rank d."""
+    the other data-parallel ranks, and `data_leaders[d]` is the first process of data rank d.
+    `shard_mesh` is the mesh FSDP2 shards over ("dp_shard", or "dp_shard_cp" with context
+    parallelism; with the replicas as HSDP's outer dimension)."""
 
     mesh: Any
     sizes: dict[str, int]
@@ -49,6 +51,7 @@ class Layout:
     data_world_size: int
     data_group: Any
     data_leaders: tuple[int, ...]
+    shard_mesh: Any = None
 
 
 @dataclass
@@ -92,6 +95,16 @@ class Runtime:
     def data_world_size(self) -> int:
         """Processes that read different batches (all of them without an N-D layout)."""
         return self.world_size if self.layout is None else self.layout.data_world_size
+
+    @property
+    def gradient_average_size(self) -> int:
+        """Processes whose gradients DDP / FSDP average (a mean, where a step's gradient is their
+        sum): the data-parallel ranks, times the context-parallel ones (each holds part of a
+        sequence, and FSDP2 shards over both: "dp_shard_cp"). A loss that is `sum / items of the
+        whole step` is multiplied by it."""
+        if self.layout is None:
+            return self.world_size
+        return self.layout.data_world_size * self.layout.sizes.get("cp", 1)
 
     def parallel_size(self, dim: str) -> int:
         """The size of mesh dimension `dim` ("tp", "cp", "dp_shard", "dp_replicate"); 1 without a layout."""

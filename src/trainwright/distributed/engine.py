@@ -7,8 +7,9 @@ The loop calls the same few methods whatever the backend, so it has no backend b
 * `wrap(model)`: DDP over several processes, FSDP2's `fully_shard`, or the model itself;
 * `start(maker, max_steps, wrapped)`: the optimizer and schedule (through the Trainer's overridable
   `create_optimizer_and_scheduler`, or DeepSpeed's engine around them), `torch.compile`, ready to step;
-* `accumulate(skip_sync)`: the context of one micro-batch's forward+backward (no gradient sync on
-  accumulation micro-steps; DeepSpeed is told the boundary instead);
+* `accumulate(skip_sync, inputs)`: the context of one micro-batch's forward+backward (no gradient
+  sync on accumulation micro-steps; DeepSpeed is told the boundary instead; context parallelism
+  replaces `inputs` by this process's sequence shard inside it, `nd_engine.ContextParallelEngine`);
 * `backward(loss)`; `clip()` -> the gradient norm (None when not clipped here);
 * `step(grad_norm)` -> (applied, grad norm): False when fp16 loss scaling skipped the update;
 * `collective_forward`: whether every process must run each forward (a sharded model gathers its
@@ -131,8 +132,9 @@ class Engine:
         return model, optimizer
 
     # -- the step ----------------------------------------------------------------------------
-    def accumulate(self, skip_sync: bool) -> contextlib.AbstractContextManager:
-        """No gradient all-reduce on accumulation micro-steps (nothing to do on one process)."""
+    def accumulate(self, skip_sync: bool, inputs: Any = None) -> contextlib.AbstractContextManager:
+        """No gradient all-reduce on accumulation micro-steps (nothing to do on one process). `inputs`
+        (the micro-batch) is for an engine that changes it: this one does not."""
         if skip_sync and self._skip_sync:
             return _no_sync(self.model)
         return _NO_CONTEXT
@@ -274,7 +276,7 @@ class DeepSpeedEngine(Engine):
         maker.create_scheduler(max_steps, self.run.base_optimizer)
         return self._ready(self.run.engine, self.run.base_optimizer)
 
-    def accumulate(self, skip_sync: bool) -> contextlib.AbstractContextManager:
+    def accumulate(self, skip_sync: bool, inputs: Any = None) -> contextlib.AbstractContextManager:
         self.run.set_boundary(not skip_sync)
         return _NO_CONTEXT
 

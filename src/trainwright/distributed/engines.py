@@ -1,7 +1,7 @@
 """Which engine runs a run: `build_engine`, decided once per run from the arguments and the model.
 
 Each engine is its own class (`engine.py`: plain / DDP, FSDP2, DeepSpeed; `nd_engine.py`: tensor
-parallel x FSDP2 from `parallelism_config`); adding one is its file plus its line here.
+parallel x FSDP2 from `parallelism_config`, and its context-parallel variant); adding one is its file plus its line here.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from torch import nn
 
 from trainwright.distributed import fsdp, parallelism
 from trainwright.distributed.engine import DeepSpeedEngine, Engine, FSDPEngine
-from trainwright.distributed.nd_engine import NDEngine
+from trainwright.distributed.nd_engine import ContextParallelEngine, NDEngine
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +30,13 @@ def build_engine(args: Any, runtime: Any, module: nn.Module) -> Engine:
         )
     if args.deepspeed:
         return DeepSpeedEngine(args, runtime, module)
-    if getattr(args, "parallelism_config", None) is not None and parallelism.requested(args, runtime):
-        return NDEngine(args, runtime, module)
+    sizes = (
+        parallelism.requested(args, runtime)
+        if getattr(args, "parallelism_config", None) is not None
+        else None
+    )
+    if sizes is not None:
+        return (ContextParallelEngine if sizes.cp_size > 1 else NDEngine)(args, runtime, module)
     parallelism.check_layout(args, runtime)
     sharding = fsdp.fsdp_options(args)
     if sharding and not runtime.distributed:

@@ -7,6 +7,8 @@ It is FSDP2's engine (`FSDPEngine`: DCP checkpoints, consolidated weights for `s
   its data-parallel dimensions (HSDP with replicas), every rank starting from rank 0's weights;
 * `clip`: the gradient norm over DTensors that live on different meshes (`parallelism.clip_grad_norm_`).
 
+`ContextParallelEngine` (`cp_size > 1`, CUDA) adds the sequence split to the micro-batch context.
+
 What the loop needs besides is a fact of the runtime's layout, set when the Trainer is built
 (`parallelism.set_up`): the data loaders deal batches per data-parallel rank (tensor-parallel peers
 read the same batch), item counts are summed over the data-parallel ranks, and FLOPs, samples and
@@ -17,6 +19,7 @@ tokens are counted once per data-parallel rank.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -24,7 +27,7 @@ import torch
 from torch import nn
 
 from trainwright.checkpoint.files import WEIGHTS_NAME
-from trainwright.distributed import engine, fsdp, parallelism
+from trainwright.distributed import context_parallel, engine, fsdp, parallelism
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +59,32 @@ class NDEngine(engine.FSDPEngine):
                 "without parallelism_config, or start from its weights (from_pretrained) without resuming."
             )
         return super().checkpoint_parts(optimizer, restore_from)
+
+
+class ContextParallelEngine(NDEngine):
+    """`cp_size > 1`: NDEngine whose micro-batch context splits the micro-batch's sequences over the
+    mesh's "cp" processes and runs attention as PyTorch's ring attention (`context_parallel.py`).
+    Chosen once per run (`engines.build_engine`); the model is checked once, here."""
+
+    def __init__(self, args: Any, runtime: Any, module: nn.Module) -> None:
+        super().__init__(args, runtime, module)
+        context_parallel.check_model(module)
+        sizes = parallelism.requested(args, runtime)
+        assert sizes is not None  # build_engine chose this engine for a layout
+        self.cp_mesh = self.layout.mesh["cp"]
+        self.rotate_method = sizes.cp_comm_strategy
+        logger.info(
+            "Context parallel over cp=%d (%s rotation): each micro-batch's sequences are split for training; "
+            "evaluation and prediction run each sequence whole on every process of a cp group (exact, with "
+            "a whole sequence's activations)",
+            sizes.cp_size,
+            self.rotate_method,
+        )
+
+    def accumulate(self, skip_sync: bool, inputs: Any = None) -> contextlib.AbstractContextManager:
+        return context_parallel.micro_batch(
+            inputs, self.cp_mesh, self.rotate_method, self.runtime.device, super().accumulate(skip_sync)
+        )
 
 
 def parallelize(model: nn.Module, args: Any, runtime: Any, layout: Any) -> nn.Module:

@@ -5,8 +5,11 @@ dimensions, gradient clipping over DTensors, and what a checkpoint's layout was.
 The mesh has accelerate's dimensions in its order, tensor parallel innermost (neighbouring ranks,
 the fastest links): ("dp_replicate", "dp_shard", "cp", "tp"). Processes that differ only in their
 "cp"/"tp" coordinates read the same batch: the data-parallel ranks are the flattened
-("dp_replicate", "dp_shard") dimension, and `Runtime.layout` tells the data loaders, the item
-counts and the evaluation which rank and group that is (`set_up`).
+("dp_replicate", "dp_shard") dimension ("dp", as accelerate names it), and `Runtime.layout` tells
+the data loaders, the item counts and the evaluation which rank and group that is (`set_up`). With
+`cp_size > 1`, ("dp_shard", "cp") flattened is "dp_shard_cp", the dimension FSDP2 shards over (as
+accelerate and torchtitan do: the context-parallel processes hold different tokens of one batch,
+so their gradients are reduced like data-parallel ones).
 
 The model (`parallelize`):
 
@@ -17,11 +20,14 @@ The model (`parallelize`):
   embedding_colwise). A model without a plan, or a style torch has no equivalent of, is refused by name.
   Tied parameters (input embeddings and LM head) stay one parameter.
 - data-parallel size > 1 (or `cp_size > 1`): FSDP2 `fully_shard` per decoder layer and the root,
-  on ("dp_shard", "cp") flattened, or with `dp_replicate_size > 1` on ("dp_replicate", that) as HSDP
-  (replicas all-reduce what each shard group reduce-scattered). `fsdp` / `fsdp_config` options
-  (offload, reshard_after_forward, the layer classes) and bf16/fp16 mixed precision apply as for `fsdp`.
-- `cp_size > 1`: refused on CPU: PyTorch's context-parallel attention has no sharding rule for the
-  CPU SDPA kernel (`aten._scaled_dot_product_flash_attention_for_cpu`); see `check_context_parallel`.
+  on "dp_shard_cp" (("dp_shard", "cp") flattened; "dp_shard" alone without cp), or with
+  `dp_replicate_size > 1` on ("dp_replicate", that) as HSDP (replicas all-reduce what each shard
+  group reduce-scattered). `fsdp` / `fsdp_config` options (offload, reshard_after_forward, the layer
+  classes) and bf16/fp16 mixed precision apply as for `fsdp`.
+- `cp_size > 1`: on CUDA, each micro-batch's sequences are split over the "cp" processes and
+  attention runs as PyTorch's ring attention (`context_parallel.py`); refused elsewhere: on CPU
+  PyTorch's context-parallel attention has no sharding rule for the CPU SDPA kernel
+  (`aten._scaled_dot_product_flash_attention_for_cpu`); see `check_context_parallel`.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ from trainwright.core.runtime import Layout
 
 logger = logging.getLogger(__name__)
 
+# the flattened mesh dimensions (accelerate's names) and the dimensions each one joins
+FLATTENED = {"dp": ("dp_replicate", "dp_shard"), "dp_shard_cp": ("dp_shard", "cp")}
 LAYOUT_MARK = "_trainwright_layout"  # set on a model `parallelize` sharded: its sizes
 # one mesh per process group, device type and sizes: its process groups are made once
 _LAYOUTS: dict[tuple, tuple[Any, Layout]] = {}
@@ -76,11 +84,14 @@ def check_context_parallel(sizes: ParallelismSizes, device: torch.device) -> Non
             f"kernels only; on {device.type} it has no sharding rule for the SDPA kernel "
             "(aten._scaled_dot_product_flash_attention_for_cpu). Train with cp_size=1 here, on GPUs for cp_size > 1."
         )
-    raise ValueError(
-        f"parallelism_config: cp_size={sizes.cp_size}: context parallelism is not provided by trainwright yet "
-        "(its batches would need the sequence split and position ids and shifted labels made per shard); "
-        "use cp_size=1, and tp_size or dp_shard_size to fit a longer sequence."
-    )
+    try:
+        from torch.distributed.tensor.experimental import context_parallel  # noqa: F401
+        from torch.distributed.tensor.experimental._attention import set_rotate_method  # noqa: F401
+    except ImportError as err:
+        raise ValueError(
+            f"parallelism_config: cp_size={sizes.cp_size}: this torch ({torch.__version__}) has no context "
+            f"parallelism ({err}); install torch >= 2.7 or set cp_size=1."
+        ) from None
 
 
 def set_up(args: Any, runtime: Any) -> None:
@@ -108,6 +119,7 @@ def layout_of(sizes: ParallelismSizes, runtime: Any) -> Layout:
             data_world_size=data.size(),
             data_group=data.get_group(),
             data_leaders=leaders,
+            shard_mesh=_shard_mesh(mesh, sizes),
         )
         cached = _LAYOUTS[key] = (world, layout)
         logger.info(
@@ -135,11 +147,23 @@ def check_layout(args: Any, runtime: Any) -> None:
         )
 
 
+def _shard_mesh(mesh: Any, sizes: ParallelismSizes) -> Any:
+    """The mesh FSDP2 shards over: "dp_shard", or with cp_size > 1 "dp_shard_cp" (("dp_shard", "cp")
+    flattened), with the replicas as HSDP's outer dimension."""
+    shard = mesh["dp_shard"] if sizes.cp_size == 1 else mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
+    if sizes.dp_replicate_size == 1:
+        return shard
+    if sizes.cp_size == 1:
+        return mesh[("dp_replicate", "dp_shard")]
+    join = getattr(type(mesh), "_concatenate", None)  # torch >= 2.9: a flattened mesh is bookkept directly
+    if join is not None:
+        return join([mesh["dp_replicate"], shard])
+    return mesh[("dp_replicate", "dp_shard_cp")]  # older torch: sliced from the root by its name
+
+
 def data_parallel_mesh(layout: Layout) -> Any:
-    """The mesh FSDP2 shards over: "dp_shard", with the replicas as HSDP's outer dimension."""
-    if layout.sizes["dp_replicate"] > 1:
-        return layout.mesh[("dp_replicate", "dp_shard")]
-    return layout.mesh["dp_shard"]
+    """The mesh FSDP2 shards over (`_shard_mesh`, built with the layout)."""
+    return layout.shard_mesh
 
 
 # ---------------------------------------------------------------------------------- tensor parallel
@@ -311,7 +335,9 @@ def _counts_here(grad: torch.Tensor, layout: Layout) -> bool:
     replicated = set(MESH_DIMS)
     if isinstance(grad, DTensor):
         names = grad.device_mesh.mesh_dim_names or ()
-        replicated -= {n for n, pl in zip(names, grad.placements) if not pl.is_replicate()}
+        for name, placement in zip(names, grad.placements):
+            if not placement.is_replicate():  # a flattened dimension shards over each of its parts
+                replicated -= set(FLATTENED.get(name, (name,)))
     return all(coordinate.get(dim, 0) == 0 for dim in replicated)
 
 

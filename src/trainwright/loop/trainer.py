@@ -206,7 +206,8 @@ class Trainer(TrainerAPI):
             last = len(micro_batches) - 1
             for i, inputs in enumerate(micro_batches):
                 run.advance(inputs, state)
-                with engine.accumulate(i < last):  # no gradient sync but on the last micro-batch
+                # no gradient sync but on the last micro-batch (context parallel: `inputs` is the shard)
+                with engine.accumulate(i < last, inputs):
                     loss = self.training_step(self.model_wrapped, inputs, num_items)
                 run.losses.add(cursor.steps_since_log, loss)
                 if i < last:
@@ -309,8 +310,8 @@ class Trainer(TrainerAPI):
 
     def _scale_for_accumulation(self, loss, micro_items, num_items_in_batch) -> torch.Tensor:
         """A micro-batch's loss as its share of the step's: a mean weighted by its items over the
-        step's (`micro_items`; None when the loss is `sum / N` already), times the processes that DDP
-        averages over."""
+        step's (`micro_items`; None when the loss is `sum / N` already), times the processes that DDP /
+        FSDP average over (`Runtime.gradient_average_size`: with context parallelism, cp_size more)."""
         if micro_items is not None:
             if micro_items.device.type == "cpu" and not micro_items:
                 # no target in this micro-batch: a mean loss is 0/0 = NaN, and its weight is 0; its
@@ -318,7 +319,7 @@ class Trainer(TrainerAPI):
                 loss = torch.nan_to_num(loss, nan=0.0)
             loss = loss * (micro_items.to(loss.device) / num_items_in_batch.to(loss.device))
         if self.runtime.distributed and self.args.average_tokens_across_devices:
-            loss = loss * self.runtime.data_world_size  # DDP/FSDP average gradients over data-parallel ranks
+            loss = loss * self.runtime.gradient_average_size  # DDP/FSDP average gradients over them
         return loss
 
     def compute_loss(

@@ -30,7 +30,7 @@ from trainwright.core.events import CallbackHandler, TrainerCallback
 from trainwright.core.runtime import Runtime, get_runtime
 from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import TrainerControl, TrainerState
-from trainwright.distributed import parallelism
+from trainwright.distributed import context_parallel, parallelism
 from trainwright.distributed.output_lock import create_output_dir
 from trainwright.loop import dataloaders, hub
 from trainwright.loop.run import TrainingRun, empty_training_message
@@ -145,6 +145,8 @@ class TrainerSetup:
         self.label_names, self.can_return_loss, self.label_smoother, self._loss_facts = self._model_facts()
         self.processing_class = processing_class
         self.compute_loss_func = compute_loss_func
+        if self.runtime.parallel_size("cp") > 1:  # a shard's labels are not what a loss function expects
+            context_parallel.check_loss_function(compute_loss_func)
         self.compute_metrics = compute_metrics
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
         self.optimizer, self.lr_scheduler = optimizers
@@ -332,6 +334,8 @@ class TrainerSetup:
             )
         if self.runtime.distributed:  # every process must take the same path
             honoured = not self.runtime.any_process(not honoured)
+        if not honoured and self.runtime.parallel_size("cp") > 1:
+            raise context_parallel.refuse_mean_loss(type(self.model).__name__)
         facts.accepts_loss_kwargs = honoured
         logger.info(
             "%s %s num_items_in_batch: %s.",

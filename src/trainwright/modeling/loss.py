@@ -131,12 +131,17 @@ def count_items(
     """Label targets the loss averages over, as a tensor on the labels' device (no host sync).
 
     ``shift=True`` for a causal LM: it predicts token ``t+1`` from position ``t``, so the first
-    label of each sequence is never a target.
+    label of each sequence is never a target. A batch that carries transformers' ``shift_labels``
+    (labels already moved by one: a padding-free collator's, or a sequence shard of context
+    parallelism) is counted on them as given, as upstream counts them: the loss uses them instead.
     """
     labels = inputs.get(label_name) if isinstance(inputs, Mapping) else None
     if not isinstance(labels, torch.Tensor):
         raise ValueError(f"count_items: the batch has no tensor {label_name!r} (keys: {list(inputs)}).")
-    if shift:
+    shifted = inputs.get("shift_labels") if label_name == "labels" else None
+    if isinstance(shifted, torch.Tensor):
+        labels = shifted
+    elif shift:
         labels = labels[..., 1:]
     return (labels != ignore_index).sum()
 
