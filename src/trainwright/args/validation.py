@@ -475,7 +475,7 @@ def _check_distributed(args: Any) -> None:
             "not supported with fsdp or deepspeed: a retry after an out-of-memory error would shard or "
             "re-initialise a model the failed try already sharded. Set per_device_train_batch_size instead",
         )
-    _check_parallelism(args)
+    parallelism.check(args)
     if args.sharded_ddp:
         raise invalid(
             args,
@@ -517,61 +517,6 @@ def _check_distributed(args: Any) -> None:
 
 
 # -- reporting, output and signals -----------------------------------------------------------
-
-
-def _check_parallelism(args: Any) -> None:
-    """`parallelism_config` normalised to `ParallelismSizes`; what it cannot be combined with."""
-    if args.parallelism_config is None:
-        return
-    args.parallelism_config = parallelism.parse(args.parallelism_config, type(args).__name__)
-    reason = None
-    if args.deepspeed:
-        reason = "deepspeed is also set; the N-D layout runs on PyTorch's own engine, choose one"
-    elif any(str(getattr(w, "value", w)).startswith("hybrid_shard") for w in args.fsdp or []):
-        reason = "fsdp hybrid_shard is also set; give the replicas as dp_replicate_size instead"
-    elif args.auto_find_batch_size:
-        reason = "auto_find_batch_size would re-shard a model the failed try already sharded"
-    if reason is not None:
-        raise invalid(args, "parallelism_config", reason)
-    if args.parallelism_config.cp_size > 1:
-        _check_context_parallel(args)
-
-
-# the arguments context parallelism (a sequence split over processes) cannot honour exactly, and why
-_NOT_WITH_CP = {
-    "label_smoothing_factor": "the label smoother shifts a sequence shard's labels itself (a shard's last target "
-    "is in the next shard), set label_smoothing_factor=0",
-    "average_tokens_across_devices": "each shard's loss is its targets' sum over the step's targets on every "
-    "process, counted across devices; set average_tokens_across_devices=True",
-    "fused_linear_cross_entropy": "its one-batch check runs forwards that the processes of a context-parallel "
-    "group would not run together; set fused_linear_cross_entropy=False",
-    "padding_free": "packed rows need a per-sequence mask that ring attention does not take; set "
-    "padding_free=False and give one sequence per row",
-    "use_liger_kernel": "Liger's patched forward and loss are not checked on sequence shards; set "
-    "use_liger_kernel=False",
-    "torch_compile": "torch replaces torch.nn.functional.scaled_dot_product_attention by its ring attention "
-    "while each micro-batch runs, which a compiled forward may not see; set torch_compile=False",
-}
-
-
-def _check_context_parallel(args: Any) -> None:
-    """`cp_size > 1` with an argument whose loss or batches the sequence split would change."""
-    unsupported = {
-        "label_smoothing_factor": bool(args.label_smoothing_factor),
-        "average_tokens_across_devices": not args.average_tokens_across_devices,
-        "fused_linear_cross_entropy": bool(args.fused_linear_cross_entropy),
-        "padding_free": bool(args.padding_free),
-        "use_liger_kernel": bool(args.use_liger_kernel),
-        "torch_compile": bool(args.torch_compile),
-    }
-    for name, refused in unsupported.items():
-        if refused:
-            cp = args.parallelism_config.cp_size
-            raise invalid(
-                args,
-                name,
-                f"not with parallelism_config cp_size={cp} (context parallelism): {_NOT_WITH_CP[name]}",
-            )
 
 
 def _resolve_reporting_and_io(args: Any) -> None:

@@ -19,7 +19,7 @@ The processes of one "cp" group read the same batch (they are one data-parallel 
   full causal attention in every layer (no sliding window), no router loss over a shard, a loss that
   divides by `num_items_in_batch` (a shard may hold no target: a mean over it would be NaN).
   `check_loss_function` / `refuse_mean_loss`: the Trainer's side of that; the arguments that can't
-  be honoured (label smoothing, `fused_linear_cross_entropy`, ...) are refused in `args/validation.py`.
+  be honoured (label smoothing, `fused_linear_cross_entropy`, ...) are refused in `args/parallelism.py`.
 * `split(batch, cp_mesh, rotate_method, device)`, the CUDA path: the prepared batch on the device,
   then torch's `context_parallel` shards input ids, labels, shifted labels, position ids and the
   mask in place (its head-tail load balancer: rank r keeps chunks r and 2*cp_size-1-r, so every rank
