@@ -26,6 +26,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 from torch import nn
+from transformers import BatchEncoding
 
 from trainwright.args.parallelism import ParallelismSizes
 from trainwright.distributed import context_parallel, parallelism
@@ -65,14 +66,17 @@ def _split(layout) -> dict:
     batch = {"input_ids": ids.clone(), "labels": ids.clone(), "attention_mask": torch.ones_like(ids)}
     with context_parallel.split(batch, cp_mesh, "alltoall", torch.device("cpu")) as local:
         shard = {k: v.tolist() for k, v in local.items()}
-    loop_batch = {k: v.clone() for k, v in batch.items()}
-    with context_parallel.micro_batch(
-        loop_batch, cp_mesh, "allgather", torch.device("cpu"), contextlib.nullcontext()
-    ):
-        inside = {k: v.tolist() for k, v in loop_batch.items()}
-    after = {k: v.tolist() for k, v in loop_batch.items()}
-    same = after == {k: v.tolist() for k, v in batch.items()}
-    return {"cp_rank": cp_mesh.get_local_rank(), "shard": shard, "inside": inside, "restored": same}
+    inside, restored = {}, {}
+    # the loop's micro-batch as a plain dict and as the BatchEncoding a tokenizer-padding collator gives
+    for kind, make in (("dict", dict), ("BatchEncoding", BatchEncoding)):
+        loop_batch = make({k: v.clone() for k, v in batch.items()})
+        with context_parallel.micro_batch(
+            loop_batch, cp_mesh, "allgather", torch.device("cpu"), contextlib.nullcontext()
+        ):
+            inside[kind] = {k: v.tolist() for k, v in loop_batch.items()}
+        after = {k: v.tolist() for k, v in loop_batch.items()}
+        restored[kind] = type(loop_batch) is make and after == {k: v.tolist() for k, v in batch.items()}
+    return {"cp_rank": cp_mesh.get_local_rank(), "shard": shard, "inside": inside, "restored": restored}
 
 
 def _refusal() -> str:

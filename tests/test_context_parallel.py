@@ -36,19 +36,25 @@ VOCAB = 48
 
 
 # ---------------------------------------------------------------------------------- models
-def _llama(**extra) -> torch.nn.Module:
-    config = transformers.LlamaConfig(
+def _decoder(kind: str, layers: int = 2, **extra) -> torch.nn.Module:
+    """A tiny transformers `<kind>ForCausalLM` (Llama, Mistral, Mixtral) from its config, 4 heads over 2
+    key-value heads, in eval mode."""
+    config = getattr(transformers, f"{kind}Config")(
         vocab_size=VOCAB,
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=64,
         **extra,
     )
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).eval()
+    return getattr(transformers, f"{kind}ForCausalLM")(config).eval()
+
+
+def _llama(**extra) -> torch.nn.Module:
+    return _decoder("Llama", **extra)
 
 
 def _gpt2() -> torch.nn.Module:
@@ -193,32 +199,18 @@ def _eager_llama() -> torch.nn.Module:
 
 
 def _mistral_window() -> torch.nn.Module:
-    config = transformers.MistralConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        sliding_window=8,
-    )
-    return transformers.MistralForCausalLM(config)
+    return _decoder("Mistral", layers=1, sliding_window=8)
 
 
 def _mixtral_router() -> torch.nn.Module:
-    config = transformers.MixtralConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+    return _decoder(
+        "Mixtral",
+        layers=1,
         num_local_experts=2,
         num_experts_per_tok=1,
         sliding_window=None,
         output_router_logits=True,
     )
-    return transformers.MixtralForCausalLM(config)
 
 
 def _no_items_llama() -> torch.nn.Module:
@@ -362,8 +354,9 @@ def test_torch_shards_the_prepared_batch_head_and_tail_in_the_micro_batch_contex
         positions = _shards(prepared, 2)[split["cp_rank"]]
         want = {k: v[:, positions].tolist() for k, v in prepared.items()}
         assert split["shard"] == want
-        assert split["inside"] == want  # the loop's micro-batch holds the shard inside the context
-        assert split["restored"]  # and its own contents after it
+        for kind in ("dict", "BatchEncoding"):
+            assert split["inside"][kind] == want  # the loop's micro-batch holds the shard inside the context
+            assert split["restored"][kind]  # and its own contents (and type) after it
 
 
 def test_cp_size_2_is_refused_on_cpu_processes_under_torchrun(four_ranks):
