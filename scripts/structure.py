@@ -30,33 +30,39 @@ TRAINER_CLASSES = [
     ("loop/trainer.py", "Trainer"),
 ]
 
-# What one optimizer step of a plain run goes through (qualified as file:Class.method or file:function).
-# A name that does not exist in a tree is skipped (and reported).
+# What one optimizer step of a plain run goes through (qualified as file:Class.method or file:function):
+# gradient accumulation, on an accelerator, without `padding_free` / `fused_linear_cross_entropy`,
+# label smoothing or `compute_loss_func` (their code, off this path, runs only when they are on; what a
+# run decides once, e.g. `Engine._choose_step`, is not counted). A name that does not exist in a tree
+# is skipped (and reported).
 STEP_PATH = [
     "loop/trainer.py:Trainer._run_epoch",
     "loop/trainer.py:Trainer.get_batch_samples",
-    "loop/trainer.py:Trainer._items_in_step",
+    "loop/trainer.py:Trainer._weights",
+    "modeling/step_weights.py:StepWeights.count",
+    "modeling/step_weights.py:_has_labels",
+    "modeling/step_weights.py:StepWeights.share",
+    "modeling/step_weights.py:StepWeights.scale",
     "loop/trainer.py:Trainer._advance_cursor",
     "loop/trainer.py:Trainer._sync_state",
     "loop/trainer.py:Trainer.training_step",
-    "loop/trainer.py:Trainer._scale_for_accumulation",
     "loop/trainer.py:Trainer.compute_loss",
     "loop/trainer.py:Trainer._preempted",
     "loop/trainer.py:Trainer._log_save_evaluate_due",
     "loop/trainer_api.py:TrainerAPI._prepare_inputs",
+    "loop/trainer_api.py:TrainerAPI._prepare_input",  # on an accelerator
+    "data/distribute.py:to_device",  # on an accelerator
     "loop/trainer_api.py:TrainerAPI.compute_loss_context_manager",
     "loop/trainer_api.py:TrainerAPI.autocast_smart_context_manager",
     "loop/trainer_api.py:TrainerAPI._log_save_evaluate_args",
     "loop/async_saves.py:poll",
-    "loop/checkpointer.py:Checkpointer.poll",
-    "loop/trainer.py:Trainer._loss_is_normalised",
+    "loop/checkpointer.py:Checkpointer.poll",  # a method before the run chose it (sync runs: nothing)
     "loop/trainer_api.py:TrainerAPI._fire",
     "loop/run.py:TrainingRun.train_mode",
     "loop/run.py:TrainingRun.advance",
     "loop/run.py:TrainingRun.finish_step",
     "loop/run.py:TrainingRun.sync_state",
     "loop/run.py:TrainingRun.stop_if_preempted",
-    "modeling/loss.py:has_no_targets",
     "modeling/model_path.py:forward",
     "loop/run.py:TrainingRun.log_due",
     "loop/run.py:TrainingRun.window_full",
@@ -64,11 +70,10 @@ STEP_PATH = [
     "distributed/engine.py:Engine.backward",
     "distributed/engine.py:Engine.clip",
     "distributed/engine.py:Engine.step",
+    "distributed/engine.py:_plain_step",  # the step's parts, chosen once per run (Engine._choose_step)
     "modeling/loss.py:LossWindow.add",
     "modeling/loss.py:items_in_batch",
     "modeling/loss.py:count_items",
-    "modeling/loss.py:scale_for_accumulation",
-    "modeling/loss.py:loss_is_normalised",
     "data/items.py:count_items",
     "data/items.py:items_in_batch",
     "core/events.py:CallbackHandler.call_event",

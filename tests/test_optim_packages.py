@@ -436,6 +436,14 @@ def test_lomo_updates_in_the_backward_and_clips_with_max_grad_norm(tmp_path) -> 
         Trainer.get_optimizer_cls_and_kwargs(args, Net())
 
 
+def test_lomo_with_fp16_is_refused_naming_both(tmp_path) -> None:
+    """The fp16 grad scaler's backward would bypass LOMO's fused update (upstream trains nothing)."""
+    pytest.importorskip("lomo_optim")
+    trainer = _trainer(tmp_path, "lomo", fp16=True)
+    with pytest.raises(ValueError, match=r"optim='lomo' cannot be combined with fp16"):
+        trainer.train()
+
+
 # ---------------------------------------------------------------------- transformers' enums and API
 
 

@@ -187,11 +187,24 @@ def batch_rows(batch: Any) -> int:
     return -1
 
 
-def _same_mapping(original: Mapping, items: dict) -> Mapping:
+def same_mapping(original: Mapping, items: dict) -> Mapping:
+    """`items` as the mapping type of `original` (BatchEncoding, UserDict, ...), else a dict."""
+    mapping_type: Any = type(original)  # a Mapping subclass, tried as a constructor from a dict
     try:
-        return type(original)(items)  # type: ignore[call-arg]
+        return mapping_type(items)
     except (TypeError, ValueError):
         return items
+
+
+def to_device(data: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    """`data` on `device`: the tensors in it, through mappings (their type kept), lists and tuples."""
+    if isinstance(data, torch.Tensor):
+        return data.to(device, non_blocking=non_blocking)
+    if isinstance(data, Mapping):
+        return same_mapping(data, {k: to_device(v, device, non_blocking) for k, v in data.items()})
+    if isinstance(data, (list, tuple)):
+        return type(data)(to_device(v, device, non_blocking) for v in data)
+    return data
 
 
 def slice_batch(batch: Any, rows: slice) -> Any:
@@ -199,7 +212,7 @@ def slice_batch(batch: Any, rows: slice) -> Any:
     if isinstance(batch, torch.Tensor):
         return batch[rows] if batch.dim() else batch
     if isinstance(batch, Mapping):
-        return _same_mapping(batch, {k: slice_batch(v, rows) for k, v in batch.items()})
+        return same_mapping(batch, {k: slice_batch(v, rows) for k, v in batch.items()})
     if isinstance(batch, (list, tuple)):
         return type(batch)(slice_batch(v, rows) for v in batch)
     return batch
@@ -210,7 +223,7 @@ def concat_batches(first: Any, second: Any) -> Any:
     if isinstance(first, torch.Tensor):
         return torch.cat([first, second]) if first.dim() else first
     if isinstance(first, Mapping):
-        return _same_mapping(first, {k: concat_batches(v, second[k]) for k, v in first.items()})
+        return same_mapping(first, {k: concat_batches(v, second[k]) for k, v in first.items()})
     if isinstance(first, (list, tuple)):
         return type(first)(concat_batches(a, b) for a, b in zip(first, second))
     return first

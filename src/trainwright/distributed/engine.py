@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any, Protocol, cast
 
 import torch
@@ -78,9 +79,11 @@ class Engine:
         accelerator_config: Any = args.accelerator_config
         # sync_each_batch: all-reduce on every micro-batch (less memory, more communication)
         self._skip_sync = runtime.distributed and not accelerator_config.sync_each_batch
-        self._fused = False
         self._parameters: list[nn.Parameter] = []
-        self._own_clip: Callable[[float], torch.Tensor] | None = None
+        # the step's parts, chosen once the optimizer is known (`_choose_step`): plain until then
+        self._backward: Callable[[torch.Tensor], None] = torch.Tensor.backward
+        self._clip: Callable[[], torch.Tensor | None] = _no_clip
+        self._step: Callable[[], bool] = _applied
 
     # -- set-up ------------------------------------------------------------------------------
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -125,11 +128,35 @@ class Engine:
                 torch.compile(model, backend=args.torch_compile_backend, mode=args.torch_compile_mode),
             )
         self.model, self.optimizer = model, optimizer
-        self._fused = is_fused_backward(optimizer)  # LOMO/AdaLOMO update the weights in the backward
         # Listed once: walking the modules for `model.parameters()` costs ~3 us on every step.
         self._parameters = list(model.parameters())
-        self._own_clip = getattr(model, "clip_grad_norm_", None)  # FSDP owns its clipping
+        self._choose_step(model, optimizer)
         return model, optimizer
+
+    def _choose_step(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """backward / clip / step for this run, decided once: LOMO's fused backward (it clips and
+        updates inside it), the fp16 grad scaler's, or plain."""
+        scaler, max_norm = self.scaler, self.max_grad_norm
+        if is_fused_backward(optimizer):  # LOMO/AdaLOMO update the weights in the backward (no fp16: refused)
+            self._backward, self._clip, self._step = partial(lomo_backward, optimizer), _no_clip, _applied
+            return
+        norm = self._grad_norm(model)
+        if scaler is None:
+            self._backward, self._step = torch.Tensor.backward, partial(_plain_step, optimizer)
+            self._clip = _no_clip if max_norm is None else partial(norm, max_norm)
+            return
+        self._backward, self._step = (
+            partial(_scaled_backward, scaler),
+            partial(_scaled_step, scaler, optimizer),
+        )
+        self._clip = (
+            _no_clip if max_norm is None else partial(_unscaled_clip, scaler, optimizer, norm, max_norm)
+        )
+
+    def _grad_norm(self, model: nn.Module) -> Callable[[float], torch.Tensor]:
+        """Clip the gradients to a norm and return theirs before clipping."""
+        own_clip = getattr(model, "clip_grad_norm_", None)  # a wrapper that owns its clipping
+        return own_clip if own_clip is not None else partial(torch.nn.utils.clip_grad_norm_, self._parameters)
 
     # -- the step ----------------------------------------------------------------------------
     def accumulate(self, skip_sync: bool, inputs: Any = None) -> contextlib.AbstractContextManager:
@@ -140,36 +167,15 @@ class Engine:
         return _NO_CONTEXT
 
     def backward(self, loss: torch.Tensor) -> None:
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-        elif self._fused:
-            lomo_backward(self.optimizer, loss)
-        else:
-            loss.backward()
+        self._backward(loss)
 
     def clip(self) -> torch.Tensor | None:
         """Clip to `max_grad_norm`; the norm before clipping, or None when nothing was clipped here."""
-        if self.max_grad_norm is None or self._fused:  # LOMO clipped inside its backward
-            return None
-        if self.scaler is not None:
-            assert self.optimizer is not None  # set by start()
-            self.scaler.unscale_(self.optimizer)
-        if self._own_clip is not None:
-            return self._own_clip(self.max_grad_norm)
-        return torch.nn.utils.clip_grad_norm_(self._parameters, self.max_grad_norm)
+        return self._clip()
 
     def step(self, grad_norm: Any) -> tuple[bool, Any]:
         """Step the optimizer: (applied, grad norm); not applied when the fp16 scaler skipped it."""
-        if self._fused:
-            return True, grad_norm  # LOMO stepped inside the backward
-        assert self.optimizer is not None  # set by start()
-        if self.scaler is None:
-            self.optimizer.step()
-            return True, grad_norm
-        scale = self.scaler.get_scale()
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        return self.scaler.get_scale() >= scale, grad_norm
+        return self._step(), grad_norm
 
     # -- checkpoints --------------------------------------------------------------------------
     @property
@@ -335,3 +341,36 @@ def _no_sync(model: Any) -> Iterator[None]:
             model.set_requires_gradient_sync(True)
     else:
         yield
+
+
+# The step's parts (`Engine._choose_step`), as functions bound once per run.
+def _no_clip() -> None:
+    return None
+
+
+def _applied() -> bool:
+    return True
+
+
+def _plain_step(optimizer: torch.optim.Optimizer) -> bool:
+    optimizer.step()
+    return True
+
+
+def _scaled_backward(scaler: Any, loss: torch.Tensor) -> None:
+    scaler.scale(loss).backward()
+
+
+def _unscaled_clip(
+    scaler: Any, optimizer: torch.optim.Optimizer, norm: Callable[[float], torch.Tensor], max_norm: float
+) -> torch.Tensor:
+    scaler.unscale_(optimizer)
+    return norm(max_norm)
+
+
+def _scaled_step(scaler: Any, optimizer: torch.optim.Optimizer) -> bool:
+    """The fp16 scaler's step: False when it skipped the update (inf/NaN gradients lowered the scale)."""
+    scale = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    return scaler.get_scale() >= scale

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,13 +44,9 @@ class NDEngine(engine.FSDPEngine):
     def wrap(self, model: nn.Module) -> nn.Module:
         return parallelize(model, self.args, self.runtime, self.layout)
 
-    def clip(self) -> torch.Tensor | None:
-        if self.max_grad_norm is None:
-            return None
-        if self.scaler is not None:
-            assert self.optimizer is not None  # set by start()
-            self.scaler.unscale_(self.optimizer)
-        return parallelism.clip_grad_norm_(self._parameters, self.max_grad_norm, self.layout)
+    def _grad_norm(self, model: nn.Module) -> Callable[[float], torch.Tensor]:
+        """The norm over every mesh dimension (DTensor gradients of several placements)."""
+        return lambda max_norm: parallelism.clip_grad_norm_(self._parameters, max_norm, self.layout)
 
     def checkpoint_parts(self, optimizer: bool, restore_from: str | None = None) -> dict[str, Any]:
         if restore_from is not None and not fsdp.has_sharded_checkpoint(restore_from):

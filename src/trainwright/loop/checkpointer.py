@@ -89,6 +89,8 @@ class Checkpointer:
         # checkpoints in the folder that are not this run's: never rotated away
         self.foreign = self._foreign(resume_from) if self.main else []
         self.writer: AsyncCheckpointWriter | None = None  # made at the first background save
+        # at each step end: finish a background write that is durable (only async_save writes one)
+        self.poll: Callable[[], None] = self._poll_writer if self.args.async_save else _nothing
         self._collectives: GroupCollectives | None = None  # its process group, with several processes
         self._said: set[str] = set()
         self._last_step: int | None = None  # the step of this run's last checkpoint
@@ -205,8 +207,8 @@ class Checkpointer:
             logger.warning("async_save: checkpoints are written synchronously: %s.", reason)
 
     # -- the background write ------------------------------------------------------------------
-    def poll(self) -> None:
-        """At a step end: finish the pending write if it is durable on every process."""
+    def _poll_writer(self) -> None:
+        """`poll` with async_save: finish the pending write if it is durable on every process."""
         writer = self.writer
         if writer is None or not writer.pending:
             return
@@ -290,3 +292,7 @@ class Checkpointer:
 def load_rng_state(args: Any, runtime: Any, path: str) -> None:
     """`Trainer._load_rng_state`: this process's RNG file of a checkpoint (the "rng" part)."""
     CheckpointManager(runtime, main=writes_once(args, runtime)).load(path, {"rng": RngState()})
+
+
+def _nothing() -> None:
+    return None

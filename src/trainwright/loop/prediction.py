@@ -25,6 +25,7 @@ from trainwright.core.events import CallbackHandler
 from trainwright.core.runtime import Runtime
 from trainwright.core.state import TrainerControl, TrainerState
 from trainwright.data import packing
+from trainwright.data.distribute import same_mapping
 from trainwright.loop.evaluation import EvalGatherer
 from trainwright.loop.run import TrainingRun
 from trainwright.modeling import fused_loss, liger
@@ -348,15 +349,6 @@ def nested_detach(x: Any) -> Any:
     if isinstance(x, Mapping):
         return same_mapping(x, {k: nested_detach(v) for k, v in x.items()})
     return x.detach() if isinstance(x, torch.Tensor) else x
-
-
-def same_mapping(original: Mapping, items: dict) -> Mapping:
-    """`items` as the mapping type of `original` (BatchEncoding, UserDict, ...), else a dict."""
-    mapping_type: Any = type(original)  # a Mapping subclass, tried as a constructor from a dict
-    try:
-        return mapping_type(items)
-    except (TypeError, ValueError):
-        return items
 
 
 def rows_to_keep(dataloader: Any) -> int | None:

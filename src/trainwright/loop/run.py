@@ -19,6 +19,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ from trainwright.distributed.engine import Engine
 from trainwright.distributed.engines import build_engine
 from trainwright.distributed.preemption import PreemptionGuard
 from trainwright.modeling.loss import LossWindow, batch_size
+from trainwright.modeling.step_weights import StepWeights
 from trainwright.observe.flops import non_embedding_parameters
 
 logger = logging.getLogger(__name__)
@@ -54,6 +56,7 @@ class TrainingRun:
         trial: Any = None,
         ignore_keys_for_eval: list[str] | None = None,
         count_flops: Callable[[Any], Any] | None = None,
+        weights: Callable[[Callable[[], None]], StepWeights],
     ) -> None:
         self.args, self.runtime, self.device = args, runtime, runtime.device
         # facts of the processes, fixed for the run (read every step: plain attributes, not properties)
@@ -66,11 +69,22 @@ class TrainingRun:
         self.geometry = data_utils.sampler_geometry(dataloader)
         self.engine: Engine = build_engine(args, runtime, model)
         self.losses = LossWindow(runtime.device)
+        self.weights = weights(self.note_empty_step)  # how micro-batch losses make the step's
         self.preemption = PreemptionGuard(args.preemption_signals)
         self.checkpointer: Any = None  # the Trainer's Checkpointer for this run (set when it is built)
-        # an overridden floating_point_ops, or a callback that needs exact FLOPs: counted per batch
-        self.count_flops = count_flops
-        self.flops_per_token = 6 * non_embedding_parameters(model)  # upstream's total_flos estimate
+        # FLOPs of a micro-batch from it and its tokens (else samples): an overridden
+        # floating_point_ops, or a callback that needs exact FLOPs, counts each batch; else
+        # upstream's total_flos estimate, 6 x non-embedding parameters per token
+        self.count_flops: Callable[[Any, int], Any]
+        if count_flops is not None:
+            self.count_flops = lambda inputs, _tokens: count_flops(inputs)
+        else:
+            per_token = 6 * non_embedding_parameters(model)
+            self.count_flops = lambda _inputs, tokens: per_token * tokens
+        mode = args.include_num_input_tokens_seen  # "no", "all" or "non_padding"
+        self.count_input_tokens: Callable[[Mapping[str, Any]], int] = (
+            _no_tokens if mode == "no" else partial(_input_tokens, mode=mode)
+        )
         self.grad_norm: torch.Tensor | float | None = None
         self.last_lr: float | None = None  # the rate the last step applied
         self.start_time = time.time()
@@ -147,12 +161,9 @@ class TrainingRun:
         ids = inputs.get("input_ids") if is_mapping else None
         tokens = ids.numel() if isinstance(ids, torch.Tensor) else 0
         cursor.tokens_seen += tokens
-        if self.count_flops is not None:
-            cursor.flops_seen += self.count_flops(inputs)
-        else:
-            cursor.flops_seen += self.flops_per_token * (tokens or n)
-        if is_mapping and self.args.include_num_input_tokens_seen != "no":
-            state.num_input_tokens_seen += _input_tokens(inputs, self.args.include_num_input_tokens_seen)
+        cursor.flops_seen += self.count_flops(inputs, tokens or n)
+        if is_mapping:
+            state.num_input_tokens_seen += self.count_input_tokens(inputs)
 
     def finish_step(self, applied: bool, optimizer: Any, scheduler: Any, state: TrainerState) -> None:
         """After the optimizer step: the rate it applied, the schedule, zeroed gradients, counters."""
@@ -270,6 +281,10 @@ def empty_training_message(dataloader: Any, args: Any, world_size: int) -> str:
         f"{args.per_device_train_batch_size}, processes={world_size}, dataloader_drop_last="
         f"{args.dataloader_drop_last}. Give it {' or '.join(fixes)}."
     )
+
+
+def _no_tokens(inputs: Mapping[str, Any]) -> int:
+    return 0
 
 
 def _input_tokens(inputs: Mapping[str, Any], mode: str) -> int:

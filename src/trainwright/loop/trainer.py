@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable
 from itertools import islice
 from typing import Any, cast
 
@@ -31,7 +31,7 @@ from trainwright.loop.run import TrainingRun
 from trainwright.loop.trainer_api import TrainerAPI
 from trainwright.loop.trainer_setup import enable_activation_checkpointing
 from trainwright.modeling import model_path
-from trainwright.modeling.loss import has_no_targets, items_in_batch, loss_is_normalised
+from trainwright.modeling.step_weights import StepWeights
 from trainwright.observe import host
 from trainwright.observe.metrics import TrainOutput, speed_metrics
 
@@ -158,6 +158,7 @@ class Trainer(TrainerAPI):
             ignore_keys_for_eval=ignore_keys_for_eval,
             # an overridden floating_point_ops is called every micro-batch, as upstream
             count_flops=self.floating_point_ops if exact_flops else None,
+            weights=self._step_weights,
         )
         run.checkpointer = Checkpointer(self, run, self._fire, resume_from=resume_path)
         self.model_wrapped = self._wrap_model(self.model)  # DDP / FSDP2 (DeepSpeed: in start)
@@ -239,34 +240,30 @@ class Trainer(TrainerAPI):
         """The next optimizer step's micro-batches (up to `num_batches`, on the CPU) and the items
         they hold over every process (None when the step is one micro-batch on one process)."""
         micro_batches = list(islice(epoch_iterator, num_batches))
-        return micro_batches, self._items_in_step(micro_batches) if micro_batches else None
+        return micro_batches, self._weights().count(micro_batches) if micro_batches else None
 
-    def _items_in_step(self, micro_batches: list) -> torch.Tensor | None:
-        """Items (label targets, else samples) in this optimizer step over every process; None when
-        the step is one micro-batch on one process that has targets: no reweighting is needed.
-        A step with no target at all (a CPU count of 0) has no loss: the run is told."""
-        distributed = self.runtime.distributed and self.args.average_tokens_across_devices
-        shift = self._loss_facts.label_shift
-        if len(micro_batches) == 1 and not distributed:
-            if not has_no_targets(micro_batches[0], shift):
-                return None
-            total = torch.zeros((), dtype=torch.long)
-        else:  # a tensor: micro_batches is not empty (sum's type also allows its start, 0)
-            total = cast(torch.Tensor, sum(items_in_batch(b, shift) for b in micro_batches))
-            if distributed:
-                total = self.runtime.all_reduce(total.to(self.runtime.device), data_only=True)
-            if total.device.type != "cpu":  # not read back (no sync): an empty step weighs 0, not 0/0
-                total = total.clamp(min=1)
-        if self._loss_facts.probe:  # once: does a **kwargs forward divide by num_items_in_batch?
-            self._measure_loss_kwargs(micro_batches, total)
-        if total.device.type == "cpu" and not total and self._run is not None:
-            self._run.note_empty_step()
-        return total
+    def _weights(self) -> StepWeights:
+        """The run's weighting of micro-batch losses (outside `train()`: one for this call)."""
+        return self._run.weights if self._run is not None else self._step_weights()
+
+    def _step_weights(self, on_empty: Callable[[], None] | None = None) -> StepWeights:
+        """How a run weights its micro-batches' losses, from what it starts with (`StepWeights`)."""
+        runtime = self.runtime
+        return StepWeights(
+            self._loss_facts,
+            custom_loss=self.label_smoother is not None or self.compute_loss_func is not None,
+            scaled_for_ga=self.loss_is_scaled_for_ga,
+            runtime=runtime,
+            across=runtime.distributed and self.args.average_tokens_across_devices,
+            probe=self._measure_loss_kwargs,
+            on_empty=on_empty,
+        )
 
     def training_step(
         self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Forward and backward of one micro-batch; returns the detached loss that was backpropagated."""
+        """Forward and backward of one micro-batch; returns the detached loss that was backpropagated
+        (weighted by its share of the step's items)."""
         run = self._run
         if run is not None:
             run.train_mode(model)
@@ -280,47 +277,18 @@ class Trainer(TrainerAPI):
             return torch.zeros(
                 (), device=self.runtime.device
             )  # no target in the whole step: nothing to learn
-        micro_items = None
-        if num_items_in_batch is not None and not self._loss_is_normalised(inputs, num_items_in_batch):
-            micro_items = items_in_batch(inputs, self._loss_facts.label_shift)  # a CPU count: no sync
+        weights = self._weights()
+        share = weights.share(inputs, num_items_in_batch)  # a CPU count, before the batch moves
         inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         del inputs
-        if num_items_in_batch is not None:
-            loss = self._scale_for_accumulation(loss, micro_items, num_items_in_batch)
+        loss = weights.scale(loss, share, num_items_in_batch)
         if run is not None:  # DeepSpeed's, the fp16 scaler's, LOMO's fused backward, or plain
             run.engine.backward(loss)
         else:
             loss.backward()
         return loss.detach()
-
-    def _loss_is_normalised(self, inputs: Any, num_items_in_batch: torch.Tensor | None) -> bool:
-        """Whether `compute_loss` returns `sum / num_items_in_batch` for these inputs (declared facts
-        only; `loss_is_scaled_for_ga` is a subclass's own word)."""
-        if self.loss_is_scaled_for_ga is not None:
-            return self.loss_is_scaled_for_ga
-        return loss_is_normalised(
-            accepts_loss_kwargs=self.model_accepts_loss_kwargs,
-            has_loss_func=self.compute_loss_func is not None,
-            has_smoother=self.label_smoother is not None,
-            has_labels=isinstance(inputs, Mapping) and "labels" in inputs,
-            num_items=num_items_in_batch,
-        )
-
-    def _scale_for_accumulation(self, loss, micro_items, num_items_in_batch) -> torch.Tensor:
-        """A micro-batch's loss as its share of the step's: a mean weighted by its items over the
-        step's (`micro_items`; None when the loss is `sum / N` already), times the processes that DDP /
-        FSDP average over (`Runtime.gradient_average_size`: with context parallelism, cp_size more)."""
-        if micro_items is not None:
-            if micro_items.device.type == "cpu" and not micro_items:
-                # no target in this micro-batch: a mean loss is 0/0 = NaN, and its weight is 0; its
-                # gradient is zero either way, so it must not turn the step's logged loss into NaN
-                loss = torch.nan_to_num(loss, nan=0.0)
-            loss = loss * (micro_items.to(loss.device) / num_items_in_batch.to(loss.device))
-        if self.runtime.distributed and self.args.average_tokens_across_devices:
-            loss = loss * self.runtime.gradient_average_size  # DDP/FSDP average gradients over them
-        return loss
 
     def compute_loss(
         self,
@@ -335,27 +303,13 @@ class Trainer(TrainerAPI):
         if custom and "labels" in inputs:
             inputs = dict(inputs)
             labels = inputs.pop("labels")
-        elif num_items_in_batch is not None and loss_is_normalised(
-            accepts_loss_kwargs=self.model_accepts_loss_kwargs,
-            has_loss_func=False,
-            has_smoother=False,
-            has_labels="labels" in inputs,
-            num_items=num_items_in_batch,
-        ):  # the model's own loss divides by the step's items
+        elif num_items_in_batch is not None and "labels" in inputs and self._loss_facts.accepts_loss_kwargs:
+            # the model's own loss divides by the step's items (`StepWeights` reads the same facts)
             inputs = {**inputs, "num_items_in_batch": num_items_in_batch.to(self.runtime.device)}
         # with padding_free / fused_linear_cross_entropy the model path's forward; else model(**inputs)
         outputs, labels = model_path.forward(self, model, inputs, labels, num_items_in_batch, return_outputs)
-        if labels is not None:
-            if self.compute_loss_func is not None:
-                loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
-            else:
-                assert self.label_smoother is not None  # labels were popped for it
-                loss = self.label_smoother(
-                    outputs,
-                    labels,
-                    shift_labels=self._loss_facts.label_shift,
-                    num_items_in_batch=num_items_in_batch,
-                )
+        if labels is not None:  # popped for compute_loss_func or the label smoother
+            loss = self._custom_loss(outputs, labels, num_items_in_batch)
         elif isinstance(outputs, dict):
             if outputs.get("loss") is None:
                 raise ValueError(
@@ -367,6 +321,17 @@ class Trainer(TrainerAPI):
         else:
             loss = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
         return (loss, outputs) if return_outputs else loss
+
+    def _custom_loss(
+        self, outputs: Any, labels: torch.Tensor, num_items_in_batch: torch.Tensor | None
+    ) -> Any:
+        """`compute_loss_func`'s loss, else the label smoother's, of the outputs and popped labels."""
+        if self.compute_loss_func is not None:
+            return self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
+        assert self.label_smoother is not None  # labels were popped for it
+        return self.label_smoother(
+            outputs, labels, shift_labels=self._loss_facts.label_shift, num_items_in_batch=num_items_in_batch
+        )
 
     # ------------------------------------------------------------------ log / evaluate / save
     def _maybe_log_save_evaluate(

@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import torch
@@ -26,6 +26,7 @@ from trainwright.args.accelerator_config import AcceleratorConfig
 from trainwright.args.training_args import TrainingArguments
 from trainwright.core.events import TrainerCallback
 from trainwright.core.state import LoopCursor, TrainerState, metric_improves
+from trainwright.data.distribute import to_device
 from trainwright.loop import batch_size_finder, dataloaders, hub, optimization, prediction
 from trainwright.loop.run import TrainingRun
 from trainwright.loop.trainer_setup import TrainerSetup
@@ -46,10 +47,6 @@ from trainwright.optim.schedules import get_learning_rates, steps_on_metric
 logger = logging.getLogger(__name__)
 
 _NO_CONTEXT = contextlib.nullcontext()  # reusable: nullcontext keeps no state
-
-
-# a batch rebuilt as its own mapping type (BatchEncoding, UserDict, ...), else a dict
-_same_mapping = prediction.same_mapping
 
 
 class TrainerAPI(TrainerSetup):
@@ -192,19 +189,19 @@ class TrainerAPI(TrainerSetup):
         return dataloaders.inference_dataloader(self, test_dataset, "test")
 
     def _prepare_inputs(self, inputs: Any) -> Any:
+        """The batch on this process's device (as made: on the CPU, when that is the device)."""
+        if self.runtime.device.type == "cpu":
+            return inputs
+        return self._prepare_input(inputs)
+
+    def _prepare_input(self, data: Any) -> Any:
+        """`data` on this process's device: the tensors in it, through mappings, lists and tuples."""
         device = self.runtime.device
-        if device.type == "cpu":
-            return inputs  # batches are made on the CPU
-        non_blocking = (  # accelerator_config: an AcceleratorConfig after TrainingArguments.__post_init__
+        # accelerator_config: an AcceleratorConfig after TrainingArguments.__post_init__
+        non_blocking = (
             device.type == "cuda" and cast(AcceleratorConfig, self.args.accelerator_config).non_blocking
         )
-        if isinstance(inputs, Mapping):
-            return _same_mapping(inputs, {k: self._prepare_inputs(v) for k, v in inputs.items()})
-        if isinstance(inputs, (list, tuple)):
-            return type(inputs)(self._prepare_inputs(v) for v in inputs)
-        if isinstance(inputs, torch.Tensor):
-            return inputs.to(device, non_blocking=non_blocking)
-        return inputs
+        return to_device(data, device, non_blocking)
 
     # ------------------------------------------------------------------ optimizer / schedule
     def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:

@@ -16,9 +16,9 @@ n those of one micro-batch:
   (``mean * n / N = sum / N``, the same update);
 - a Trainer subclass that sets ``loss_is_scaled_for_ga = True`` takes responsibility itself.
 
-Which of the two a loss is follows from declared facts alone (:func:`loss_is_normalised`), the same
-rule in ``compute_loss`` (whether to pass N) and in the accumulation scaling, as upstream's
-``model_accepts_loss_kwargs`` rule: a ``compute_loss`` override is scaled by that rule too.
+Which of the two a loss is follows from declared facts alone (:func:`loss_divides_by_items`), decided
+once per run (``step_weights.StepWeights``) from the facts ``compute_loss`` reads to pass N, as
+upstream's ``model_accepts_loss_kwargs`` rule: a ``compute_loss`` override is scaled by that rule too.
 
 Under DDP the loss is then multiplied by the world size, since DDP averages gradients.
 """
@@ -68,20 +68,11 @@ class LossFacts:
         return cls(detected is not False, detected is None, label_shift_for(model))
 
 
-def loss_is_normalised(
-    *,
-    accepts_loss_kwargs: bool,
-    has_loss_func: bool,
-    has_smoother: bool,
-    has_labels: bool,
-    num_items: torch.Tensor | None,
-) -> bool:
-    """Whether a micro-batch's loss is already ``sum / N`` (N: the step's items): the labels go to a
-    ``compute_loss_func`` or the label smoother with N, or to a model whose loss takes N. Otherwise
-    it is a mean over the micro-batch, weighted by its share of the items."""
-    if num_items is None or not has_labels:
-        return False
-    return has_loss_func or has_smoother or accepts_loss_kwargs
+def loss_divides_by_items(*, accepts_loss_kwargs: bool, custom_loss: bool) -> bool:
+    """Whether a labelled micro-batch's loss is already ``sum / N`` (N: the step's items): its labels
+    go to a ``compute_loss_func`` or the label smoother (``custom_loss``), which get N, or to a model
+    whose loss takes N. Otherwise it is a mean over the micro-batch, weighted by its share of N."""
+    return custom_loss or accepts_loss_kwargs
 
 
 def _loss_of(outputs: Any) -> torch.Tensor | None:
@@ -180,16 +171,6 @@ def items_in_batch(inputs: Mapping[str, Any], label_shift: bool) -> torch.Tensor
     if isinstance(labels, torch.Tensor):
         return count_items(inputs, shift=label_shift)
     return torch.tensor(batch_size(inputs))
-
-
-def has_no_targets(inputs: Any, label_shift: bool) -> bool:
-    """Whether a batch's integer labels are all ignored (-100): a mean loss over them is 0/0. Only
-    integer labels are counted (a CPU count); regression labels always have targets."""
-    # every step: a dict skips the Mapping ABC check, float labels the count
-    labels = inputs.get("labels") if type(inputs) is dict or isinstance(inputs, Mapping) else None
-    if not isinstance(labels, torch.Tensor) or labels.is_floating_point() or labels.is_complex():
-        return False
-    return not bool(count_items(inputs, shift=label_shift))
 
 
 def batch_size(inputs: Any) -> int:

@@ -148,6 +148,21 @@ def forward(
     with the labels as given.
     """
     args = trainer.args
+    if not (args.padding_free or args.fused_linear_cross_entropy):
+        return model(**inputs), labels  # a plain run: nothing else on its every step
+    return _feature_forward(trainer, model, inputs, labels, num_items_in_batch, return_outputs)
+
+
+def _feature_forward(
+    trainer: LossTrainer,
+    model: nn.Module,
+    inputs: Mapping[str, Any],
+    labels: torch.Tensor | None,
+    num_items_in_batch: torch.Tensor | None,
+    return_outputs: bool,
+) -> tuple[Any, torch.Tensor | None]:
+    """`forward` with `padding_free` or `fused_linear_cross_entropy` on."""
+    args = trainer.args
     if args.padding_free and is_packed(inputs):
         inputs = _packed_inputs(model, inputs)
     if not args.fused_linear_cross_entropy or fused_loss.logits_wanted(return_outputs):
