@@ -75,11 +75,11 @@ class TrainingRun:
         # FLOPs of a micro-batch from it and its tokens (else samples): an overridden
         # floating_point_ops, or a callback that needs exact FLOPs, counts each batch; else
         # upstream's total_flos estimate, 6 x non-embedding parameters per token
+        self.flops_per_token = per_token = 6 * non_embedding_parameters(model)
         self.count_flops: Callable[[Any, int], Any]
         if count_flops is not None:
             self.count_flops = lambda inputs, _tokens: count_flops(inputs)
         else:
-            per_token = 6 * non_embedding_parameters(model)
             self.count_flops = lambda _inputs, tokens: per_token * tokens
         mode = args.include_num_input_tokens_seen  # "no", "all" or "non_padding"
         self.count_input_tokens: Callable[[Mapping[str, Any]], int] = (
