@@ -72,6 +72,7 @@ STEP_PATH = [
     "distributed/engine.py:Engine.step",
     "distributed/engine.py:_plain_step",  # the step's parts, chosen once per run (Engine._choose_step)
     "modeling/loss.py:LossWindow.add",
+    "modeling/loss.py:has_no_targets",
     "modeling/loss.py:items_in_batch",
     "modeling/loss.py:count_items",
     "data/items.py:count_items",

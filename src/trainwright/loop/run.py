@@ -61,6 +61,8 @@ class TrainingRun:
         self.args, self.runtime, self.device = args, runtime, runtime.device
         # facts of the processes, fixed for the run (read every step: plain attributes, not properties)
         self.distributed, self.data_world_size = runtime.distributed, runtime.data_world_size
+        # a flag every process must agree on (any of them): with one process, the flag itself
+        self._agree: Callable[[bool], bool] = runtime.any_process if self.distributed else bool
         self.dataloader = dataloader
         self.epochs, self.max_steps = epochs, max_steps
         self.trial, self.ignore_keys_for_eval = trial, ignore_keys_for_eval
@@ -97,7 +99,7 @@ class TrainingRun:
         self.last_finite_checkpoint: str | None = None  # the newest checkpoint written before it
         self.custom_lse = False  # a subclass overrides _maybe_log_save_evaluate: called every step
         self.metric_scheduler = False  # the scheduler steps on the evaluation metric, not per step
-        self.optimizer_train: Callable[[], Any] | None = None  # schedule-free: back to training weights
+        self.optimizer_train: Callable[[], Any] = _nothing  # schedule-free: back to training weights
         self._plugins = contextlib.ExitStack()  # model hooks of this run, removed when it ends
 
     # -- set-up --------------------------------------------------------------------------------
@@ -111,7 +113,7 @@ class TrainingRun:
         self.losses.load(cursor.loss_window)
         self.metric_scheduler, self.custom_lse = metric_scheduler, custom_lse
         train = getattr(optimizer, "train", None)  # looked up once: a miss costs ~0.5 us a step
-        self.optimizer_train = train if callable(train) else None
+        self.optimizer_train = train if callable(train) else _nothing
         if self.args.torch_empty_cache_steps:
             empty = device_cache.EmptyCacheEvery(self.args.torch_empty_cache_steps, self.device)
             self._plugins.enter_context(empty.attach(self.engine.module, state))
@@ -147,8 +149,7 @@ class TrainingRun:
         """Model (and a schedule-free optimizer) in training mode: after an evaluation they are not."""
         if not model.training:  # calling train() every step costs ~50 us
             model.train()
-        if self.optimizer_train is not None:
-            self.optimizer_train()
+        self.optimizer_train()
 
     def advance(self, inputs: Any, state: TrainerState) -> None:
         """Count one micro-batch into the cursor: samples, tokens, FLOPs, input tokens seen."""
@@ -187,8 +188,7 @@ class TrainingRun:
 
     def preempted(self) -> bool:
         """Whether a preemption signal arrived (on any process: every process stops at the same step)."""
-        requested = self.preemption.requested is not None
-        return self.runtime.any_process(requested) if self.distributed else requested
+        return self._agree(self.preemption.requested is not None)
 
     def note_nonfinite(self, step: int) -> None:
         """Step `step` had a non-finite loss (found when a window is read, or at a save)."""
@@ -201,10 +201,7 @@ class TrainingRun:
         self.cursor.steps_without_targets += 1
 
     def stop_if_preempted(self, control: TrainerControl) -> None:
-        requested = self.preemption.requested is not None  # preempted(), without a call
-        if self.distributed:
-            requested = self.runtime.any_process(requested)
-        if requested:
+        if self._agree(self.preemption.requested is not None):  # preempted(), without a call
             control.should_save = control.should_training_stop = True
 
     def log_due(self, control: TrainerControl) -> bool:
@@ -285,6 +282,10 @@ def empty_training_message(dataloader: Any, args: Any, world_size: int) -> str:
 
 def _no_tokens(inputs: Mapping[str, Any]) -> int:
     return 0
+
+
+def _nothing() -> None:
+    return None
 
 
 def _input_tokens(inputs: Mapping[str, Any], mode: str) -> int:

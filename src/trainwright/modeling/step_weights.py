@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import torch
 
-from trainwright.modeling.loss import LossFacts, items_in_batch, loss_divides_by_items
+from trainwright.modeling.loss import LossFacts, has_no_targets, items_in_batch, loss_divides_by_items
 
 
 def _never(inputs: Any) -> bool:
@@ -83,7 +83,7 @@ class StepWeights:
         read back (no sync), so it is clamped to 1: an empty step weighs 0, not 0/0."""
         shift = self.label_shift
         if len(micro_batches) == 1 and self._runtime is None:
-            return None if items_in_batch(micro_batches[0], shift) else self._empty()
+            return self._empty() if has_no_targets(micro_batches[0], shift) else None
         # a tensor: micro_batches is not empty (sum's type also allows its start, 0)
         total = cast(torch.Tensor, sum(items_in_batch(b, shift) for b in micro_batches))
         if self._runtime is not None:
