@@ -39,6 +39,11 @@ STEP_PATH = [
     "loop/trainer.py:Trainer._run_epoch",
     "loop/trainer.py:Trainer.get_batch_samples",
     "loop/trainer.py:Trainer._weights",
+    # before StepWeights (trees up to 151ff49): the same work on the Trainer
+    "loop/trainer.py:Trainer._items_in_step",
+    "loop/trainer.py:Trainer._scale_for_accumulation",
+    "loop/trainer.py:Trainer._loss_is_normalised",
+    "modeling/loss.py:loss_is_normalised",
     "modeling/step_weights.py:StepWeights.count",
     "modeling/step_weights.py:_has_labels",
     "modeling/step_weights.py:StepWeights.share",
