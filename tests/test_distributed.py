@@ -577,6 +577,23 @@ def test_one_process_with_fsdp_trains_unsharded(make_args, caplog):
     assert "this is one process: training without sharding" in caplog.text
 
 
+def test_an_engine_step_before_start_is_an_error_not_a_silent_skip(make_args):
+    """The step's parts are bound in start(): before it, backward/clip/step raise instead of doing nothing."""
+    from trainwright.core.runtime import get_runtime
+    from trainwright.distributed.engines import build_engine
+
+    engine = build_engine(
+        make_args(max_grad_norm=1.0), get_runtime(use_cpu=True), dist_job.build_model("mlp")
+    )
+    for call in (
+        lambda: engine.backward(torch.ones((), requires_grad=True)),
+        engine.clip,
+        lambda: engine.step(None),
+    ):
+        with pytest.raises(RuntimeError, match=r"before Engine.start\(\)"):
+            call()
+
+
 def test_fsdp_refuses_a_prebuilt_optimizer(make_args):
     from trainwright.loop.trainer import Trainer
 

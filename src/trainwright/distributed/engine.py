@@ -80,10 +80,10 @@ class Engine:
         # sync_each_batch: all-reduce on every micro-batch (less memory, more communication)
         self._skip_sync = runtime.distributed and not accelerator_config.sync_each_batch
         self._parameters: list[nn.Parameter] = []
-        # the step's parts, chosen once the optimizer is known (`_choose_step`): plain until then
-        self._backward: Callable[[torch.Tensor], None] = torch.Tensor.backward
-        self._clip: Callable[[], torch.Tensor | None] = _no_clip
-        self._step: Callable[[], bool] = _applied
+        # the step's parts, chosen once the optimizer is known (`_choose_step`); before, an error
+        self._backward: Callable[[torch.Tensor], None] = _not_started
+        self._clip: Callable[[], torch.Tensor | None] = _not_started
+        self._step: Callable[[], bool] = _not_started
 
     # -- set-up ------------------------------------------------------------------------------
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -344,6 +344,10 @@ def _no_sync(model: Any) -> Iterator[None]:
 
 
 # The step's parts (`Engine._choose_step`), as functions bound once per run.
+def _not_started(*args: Any) -> Any:
+    raise RuntimeError("The engine's step ran before Engine.start() built the optimizer around the model.")
+
+
 def _no_clip() -> None:
     return None
 
