@@ -139,6 +139,23 @@ def test_non_blocking_reaches_the_host_to_device_copy(monkeypatch, tmp_path, non
     assert calls == [((torch.device("cuda", 0),), {"non_blocking": non_blocking})] * 2
 
 
+def test_a_batch_encoding_reaches_the_device_as_a_batch_encoding(tmp_path):
+    """The accelerator path keeps a tokenizer's BatchEncoding (and nested tuples, and non-tensors) as given."""
+    transformers = pytest.importorskip("transformers")
+    trainer = Trainer(model=_Net(), args=make(output_dir=str(tmp_path), report_to="none"))
+    trainer.runtime = Runtime(device=torch.device("meta"))  # not the CPU: the copy path runs
+    batch = transformers.BatchEncoding(
+        {"input_ids": torch.ones(2, 3, dtype=torch.long), "pair": (torch.zeros(2), "kept"), "n": 3}
+    )
+    moved = trainer._prepare_inputs(batch)
+    assert type(moved) is transformers.BatchEncoding and list(moved) == ["input_ids", "pair", "n"]
+    assert moved["input_ids"].device.type == "meta" and moved["input_ids"].dtype == torch.long
+    assert (
+        type(moved["pair"]) is tuple and moved["pair"][0].device.type == "meta" and moved["pair"][1] == "kept"
+    )
+    assert moved["n"] == 3 and batch["input_ids"].device.type == "cpu"  # the loader's batch is untouched
+
+
 def test_non_blocking_without_pinned_memory_warns(caplog):
     with caplog.at_level("WARNING", logger="trainwright"):
         make(accelerator_config={"non_blocking": True}, dataloader_pin_memory=False)
