@@ -36,6 +36,7 @@ not lower; packed >= 1.8x the real tokens/s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -193,7 +194,10 @@ def memory_variant(spec: dict) -> dict:
     lib = __import__("transformers" if spec["trainer"] == "hf" else "trainwright")
     model = build_model(spec["model"])
     data = random_tokens(BATCH * (spec["steps"] + 1), model.config.vocab_size)
-    extra = {"fused_linear_cross_entropy": True} if spec["trainer"] == "tw-fused" else {}
+    extra = {
+        "tw-fused": {"fused_linear_cross_entropy": True},
+        "tw-lean": {"fused_linear_cross_entropy": True, "lean_activations": True},
+    }.get(spec["trainer"], {})
     if spec.get("checkpointing"):
         extra["gradient_checkpointing"] = True
     result = _train(lib, model, data, spec["steps"], BATCH, **extra)
@@ -207,9 +211,10 @@ def equality_variant(spec: dict) -> dict:
     RNG state for both forwards)."""
     import torch
 
+    from trainwright.modeling import lean_activations
     from trainwright.modeling.fused_loss import fused_causal_lm_loss
 
-    model = build_model(spec["model"])
+    model = build_model(spec["model"]).train()  # dropout on: the same seed gives both the same masks
     batch = random_tokens(2, model.config.vocab_size)
     ids = torch.stack([b["input_ids"] for b in batch])
 
@@ -217,7 +222,9 @@ def equality_variant(spec: dict) -> dict:
         model.zero_grad(set_to_none=True)
         torch.manual_seed(1)
         if fused:
-            loss, _ = fused_causal_lm_loss(model, {"input_ids": ids, "labels": ids})
+            lean = lean_activations.applied(model) if spec.get("lean") else contextlib.nullcontext()
+            with lean:
+                loss, _ = fused_causal_lm_loss(model, {"input_ids": ids, "labels": ids})
         else:
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -302,25 +309,37 @@ def bench_memory(steps: int) -> None:
     for key, label in MODELS.items():
         runs = {
             t: run_child({"kind": "memory", "model": key, "trainer": t, "steps": steps})
-            for t in ("hf", "tw", "tw-fused")
+            for t in ("hf", "tw", "tw-fused", "tw-lean")
         }
-        eq = run_child({"kind": "equality", "model": key})
-        hf, tw, fused = runs["hf"], runs["tw"], runs["tw-fused"]
+        hf, tw, fused, lean = runs["hf"], runs["tw"], runs["tw-fused"], runs["tw-lean"]
         print(f"\n{label}: {steps} steps, {hf['threads']} threads")
-        for name, r in (("transformers.Trainer", hf), ("trainwright", tw), ("trainwright fused", fused)):
+        named = (
+            ("transformers.Trainer", hf),
+            ("trainwright", tw),
+            ("trainwright fused", fused),
+            ("  + lean_activations", lean),
+        )
+        for name, r in named:
             print(
                 f"  {name:22s} peak RSS {r['peak_mb']:8.0f} MB   steady {r['steps_per_s']:.4f} steps/s   "
                 f"losses {' '.join(f'{v:.5f}' for v in r['losses'])}"
             )
-        print(
-            f"  one batch, fused vs the model's own: loss gap {eq['loss_gap']:.1e}, gradient gap "
-            f"{eq['grad_gap']:.1e} (all parameters), worst tensor {eq['worst_tensor'][0]} "
-            f"{eq['worst_tensor'][1]:.1e}"
-        )
-        print(f"  fused steps/s / transformers.Trainer: {fused['steps_per_s'] / hf['steps_per_s']:.3f}")
+        for what, is_lean in (("fused", False), ("fused + lean_activations", True)):
+            eq = run_child({"kind": "equality", "model": key, "lean": is_lean})
+            print(
+                f"  one batch, {what} vs the model's own (dropout on, same seed): loss gap {eq['loss_gap']:.1e}, "
+                f"gradient gap {eq['grad_gap']:.1e} (all parameters), worst tensor {eq['worst_tensor'][0]} "
+                f"{eq['worst_tensor'][1]:.1e}"
+            )
+        for what, r in (("fused", fused), ("fused + lean_activations", lean)):
+            print(f"  {what} steps/s / transformers.Trainer: {r['steps_per_s'] / hf['steps_per_s']:.3f}")
         print(f"  fused peak memory / trainwright unfused: {fused['peak_mb'] / tw['peak_mb']:.3f}")
         print(
             f"fused loss peak memory / transformers.Trainer, {label}: {fused['peak_mb'] / hf['peak_mb']:.3f}"
+        )
+        print(
+            f"fused loss peak memory / transformers.Trainer, {label}, with lean_activations: "
+            f"{lean['peak_mb'] / hf['peak_mb']:.3f}"
         )
 
 

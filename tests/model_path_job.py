@@ -2,7 +2,8 @@
 (python model_path_job.py CFG, or under torchrun for 2 ranks):
 
     cfg: {"output_dir": ..., "tokenizer": dir, "resume": null | true, "fused": bool,
-          "padding_free": bool, "batch": per-device batch, "ga": accumulation, "max_steps": n,
+          "padding_free": bool, "lean": bool (lean_activations), "batch": per-device batch,
+          "ga": accumulation, "max_steps": n,
           "save_steps": n, "dropout": p, "optim": name}
 
 Trains a tiny GPT-2 (dropout on) on texts of varying lengths tokenized by the tests' tokenizer
@@ -72,6 +73,7 @@ def main(cfg: dict) -> None:
         include_num_input_tokens_seen="non_padding",
         fused_linear_cross_entropy=cfg.get("fused", False),
         padding_free=cfg.get("padding_free", False),
+        lean_activations=cfg.get("lean", False),
         optim=cfg.get("optim", "adamw_torch"),
     )
     tokenizer = transformers.AutoTokenizer.from_pretrained(cfg["tokenizer"])

@@ -82,6 +82,7 @@ BEHAVIOUR_TESTS: dict[str, str] = {
     "use_cache": f"{_FIELDS}::test_use_cache_is_written_to_the_model_config",
     "fused_linear_cross_entropy": "tests/test_model_path_trainer.py::"
     "test_fused_training_equals_the_models_own_and_never_computes_logits",
+    "lean_activations": "tests/test_lean_activations.py::test_lean_activations_train_like_the_model_and_give_it_back",
     # logging
     "logging_strategy": "tests/test_callbacks_core.py::test_no_logging_strategy_logs_nothing",
     "logging_steps": "tests/test_callbacks_core.py::test_logging_steps_and_final_partial_window",

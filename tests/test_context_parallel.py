@@ -256,6 +256,7 @@ def test_a_loss_function_is_refused_and_a_measured_mean_loss_named():
         {"average_tokens_across_devices": False},
         {"fused_linear_cross_entropy": True},
         {"padding_free": True},
+        {"lean_activations": True},
         {"torch_compile": True},
     ],
     ids=lambda e: next(iter(e)),

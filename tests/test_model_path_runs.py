@@ -1,6 +1,7 @@
 """The model-path arguments in real processes: a run resumed in a new process from a mid-epoch checkpoint
-ends bit-identical with `fused_linear_cross_entropy` and with `padding_free` (tests/model_path_job.py),
-and two DDP ranks with both train like one process with the same global batch."""
+ends bit-identical with `fused_linear_cross_entropy`, with `padding_free` and with `lean_activations`
+(tests/model_path_job.py), and two DDP ranks with both train like one process with the same global
+batch."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ tokenizer_dir = hf_fixtures.tokenizer_dir  # session fixture
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, "model_path_job.py")
-FEATURES = {"fused": {"fused": True}, "padding_free": {"padding_free": True}}
+FEATURES = {"fused": {"fused": True}, "padding_free": {"padding_free": True}, "lean": {"lean": True}}
 
 
 def run_job(cfg: dict, nproc: int = 0) -> None:

@@ -185,6 +185,8 @@ _NOT_WITH_CP = {
     "padding_free=False and give one sequence per row",
     "use_liger_kernel": "Liger's patched forward and loss are not checked on sequence shards; set "
     "use_liger_kernel=False",
+    "lean_activations": "its attention computes each shard's attention itself, not the ring attention torch "
+    "puts in place of scaled_dot_product_attention; set lean_activations=False",
     "torch_compile": "torch replaces torch.nn.functional.scaled_dot_product_attention by its ring attention "
     "while each micro-batch runs, which a compiled forward may not see; set torch_compile=False",
 }
@@ -198,6 +200,7 @@ def _check_context_parallel(args: Any) -> None:
         "fused_linear_cross_entropy": bool(args.fused_linear_cross_entropy),
         "padding_free": bool(args.padding_free),
         "use_liger_kernel": bool(args.use_liger_kernel),
+        "lean_activations": bool(args.lean_activations),
         "torch_compile": bool(args.torch_compile),
     }
     for name, refused in unsupported.items():

@@ -163,6 +163,12 @@ class TrainingArguments:
         "in chunks, never holding the batch x sequence x vocabulary logits (forward and backward). "
         "Decided per model: where its logits are not its head's output, it keeps its own loss (logged).",
     )
+    lean_activations: bool = _arg(
+        False,
+        "trainwright: for the training, compute the model's Python GELU modules as one op and its SDPA "
+        "attention under dropout on the CPU without keeping the probabilities: the same functions, less "
+        "kept for the backward (the model's own modules are back after train()).",
+    )
     use_cache: bool = _arg(False, "Value written to model.config.use_cache during training.")
 
     # -- logging -------------------------------------------------------------------------------------

@@ -293,7 +293,7 @@ def _check_model_path(args: Any) -> None:
         raise invalid(args, "neftune_noise_alpha", "expected None or a number > 0 (the paper used 5 to 15)")
     if args.liger_kernel_config and not args.use_liger_kernel:
         raise invalid(args, "liger_kernel_config", "it is only used with use_liger_kernel=True: set that too")
-    for name in ("fused_linear_cross_entropy", "padding_free"):
+    for name in ("fused_linear_cross_entropy", "padding_free", "lean_activations"):
         if not isinstance(getattr(args, name), bool):
             raise invalid(args, name, "expected True or False")
     if args.fused_linear_cross_entropy and args.use_liger_kernel:

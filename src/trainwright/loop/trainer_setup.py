@@ -34,7 +34,7 @@ from trainwright.distributed import context_parallel, parallelism
 from trainwright.distributed.output_lock import create_output_dir
 from trainwright.loop import dataloaders, hub
 from trainwright.loop.run import TrainingRun, empty_training_message
-from trainwright.modeling import debug_underflow, liger, neftune
+from trainwright.modeling import debug_underflow, lean_activations, liger, neftune
 from trainwright.modeling.loss import LabelSmoother, LossFacts, items_in_batch, loss_honours_num_items
 from trainwright.modeling.past_state import PastState, PastStateCallback
 from trainwright.observe.flops import FlopsEstimator
@@ -256,8 +256,8 @@ class TrainerSetup:
     @contextlib.contextmanager
     def _train_hooks(self) -> Iterator[None]:
         """Patches and hooks the arguments ask for on the model being trained, for one train() call:
-        Liger kernels, the inf/nan detector (kept afterwards, as upstream's) and NEFTune (removed
-        when train() ends)."""
+        Liger kernels, the inf/nan detector (kept afterwards, as upstream's), NEFTune and lean
+        activations (both removed when train() ends)."""
         args = self.args
         if args.use_liger_kernel:
             liger.apply(self.model, args.liger_kernel_config, self.runtime.device)
@@ -268,8 +268,14 @@ class TrainerSetup:
             if args.neftune_noise_alpha is not None
             else None
         )
+        lean = (
+            lean_activations.applied(self.model, compiled=args.torch_compile)
+            if args.lean_activations
+            else contextlib.nullcontext()
+        )
         try:
-            yield
+            with lean:
+                yield
         finally:
             if hook is not None:  # NEFTune perturbs this call's training only
                 hook.remove()

@@ -1,0 +1,222 @@
+"""`lean_activations`: the dropout attention equals SDPA's math path (same RNG state, same masks,
+same gradients) while keeping no ``queries x keys`` float tensor; on transformers models built
+offline the training is the model's own (dropout on), and train() gives the model back as it was."""
+
+from __future__ import annotations
+
+import logging
+
+import hf_fixtures
+import pytest
+import torch
+import torch.nn.functional as F
+from test_model_path import assert_same_gradients, causal_lm
+from test_model_path_trainer import gpt2, lm_data
+
+from trainwright import Trainer, TrainingArguments
+from trainwright.modeling import lean_activations, lean_attention
+
+transformers = pytest.importorskip("transformers")
+tokenizer, tokenizer_dir = hf_fixtures.tokenizer, hf_fixtures.tokenizer_dir  # session fixtures
+
+B, H, T, D = 2, 3, 24, 8
+
+
+def _qkvg(dtype=torch.float64):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=dtype, requires_grad=True) for _ in range(3))
+    return q, k, v, torch.randn(B, H, T, D, generator=g, dtype=dtype)
+
+
+def _masks():
+    keep = torch.rand(B, 1, T, T, generator=torch.Generator().manual_seed(1)) > 0.3
+    keep[0, 0, 5] = False  # a row that attends nowhere
+    additive = torch.randn(B, 1, T, T, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    return {"none": None, "bool": keep, "additive": additive}
+
+
+@pytest.mark.parametrize(
+    ("mask_kind", "causal"), [("none", True), ("none", False), ("bool", False), ("additive", False)]
+)  # SDPA takes a mask or is_causal
+@pytest.mark.parametrize("block_rows", [T, 5], ids=["one-block", "blocks-of-5"])
+def test_dropout_attention_equals_sdpas_math_path(monkeypatch, mask_kind, causal, block_rows):
+    mask = _masks()[mask_kind]
+    monkeypatch.setattr(lean_attention, "_BLOCK_ELEMENTS", B * H * T * block_rows)
+    q, k, v, grad = _qkvg()
+    torch.manual_seed(5)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.3, is_causal=causal)
+    ref_next = torch.rand(4)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), grad)
+    torch.manual_seed(5)
+    out = lean_attention.DropoutAttention.apply(q, k, v, mask, causal, D**-0.5, 0.3)
+    assert torch.equal(torch.rand(4), ref_next)  # the RNG stream goes on as after SDPA's
+    grads = torch.autograd.grad(out, (q, k, v), grad)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    for mine, theirs in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-12)
+    if mask_kind == "bool":
+        assert torch.equal(out[0, :, 5], torch.zeros_like(out[0, :, 5]))  # as SDPA: zeros, not NaN
+
+
+def _saved_bytes(fn) -> dict[str, int]:
+    """Bytes of the float tensors `fn`'s graph keeps, by whether they are queries x keys sized."""
+    seen: dict[int, tuple[bool, int]] = {}
+
+    def pack(t):
+        square = t.dim() == 4 and t.shape[-1] == t.shape[-2] == T and t.is_floating_point()
+        seen[t.untyped_storage().data_ptr()] = (square, t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return {
+        "square": sum(n for sq, n in seen.values() if sq),
+        "all": sum(n for _, n in seen.values()),
+    }
+
+
+def test_dropout_attention_keeps_no_probabilities():
+    q, k, v, _ = _qkvg(torch.float32)
+    sdpa = _saved_bytes(lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=True))
+    lean = _saved_bytes(lambda: lean_attention.DropoutAttention.apply(q, k, v, None, True, D**-0.5, 0.1))
+    assert sdpa["square"] >= 2 * B * H * T * T * 4  # the math path keeps probabilities (and more)
+    assert lean["square"] == 0 and lean["all"] < sdpa["all"] / 2
+
+
+def test_attention_forward_is_transformers_sdpa_where_it_does_not_take_over():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    module = torch.nn.Module()
+    q, k, v, _ = _qkvg(torch.float32)
+    for dropout, grad in ((0.0, True), (0.1, False)):  # no dropout; or no graph being recorded
+        with torch.set_grad_enabled(grad):
+            torch.manual_seed(3)
+            ours, _ = lean_attention.attention_forward(module, q, k, v, None, dropout=dropout)
+            torch.manual_seed(3)
+            theirs, _ = sdpa_attention_forward(module, q, k, v, None, dropout=dropout)
+        assert torch.equal(ours, theirs)
+    assert lean_attention.takes_over(q, None, 0.1, {})
+    assert not lean_attention.takes_over(q, None, 0.1, {"position_bias": torch.zeros(1)})
+
+
+def _bert():
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=97,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        hidden_act="gelu_new",
+    )
+    return transformers.BertForMaskedLM(config)
+
+
+MODELS = {
+    "gpt2": lambda: causal_lm("gpt2"),
+    "llama-gqa": lambda: _with_attention_dropout(causal_lm("llama-untied")),
+    "qwen2": lambda: _with_attention_dropout(causal_lm("qwen2")),
+    "bert-mlm": _bert,
+}
+
+
+def _with_attention_dropout(model):
+    for module in model.modules():
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = 0.2
+    return model
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_model_trains_as_its_own_and_is_given_back(name, caplog):
+    model = MODELS[name]().train()
+    ids = torch.randint(1, 97, (3, 20), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    mask[0, :6] = 0  # padding: transformers' SDPA mask reaches the lean attention
+    inputs = {"input_ids": ids, "attention_mask": mask, "labels": ids}
+    before = [type(m) for m in model.modules()]
+
+    def loss_and_grads():
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(7)  # the same dropout in both
+        loss = model(**inputs).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    own_loss, own = loss_and_grads()
+    calls = []
+    real = lean_attention.DropoutAttention.apply
+    with caplog.at_level(logging.INFO, logger="trainwright"):
+        with lean_activations.applied(model):
+            assert model.config._attn_implementation == lean_activations.ATTENTION
+            lean_attention.DropoutAttention.apply = lambda *a: calls.append(1) or real(*a)
+            try:
+                loss, lean = loss_and_grads()
+            finally:
+                lean_attention.DropoutAttention.apply = real
+    assert calls  # the lean attention ran, every layer through it
+    torch.testing.assert_close(loss, own_loss, rtol=1e-6, atol=0)
+    assert_same_gradients(own, lean, rel=1e-5)
+    assert [type(m) for m in model.modules()] == before and model.config._attn_implementation == "sdpa"
+    gelus = {"gpt2": 2, "bert-mlm": 3}.get(name, 0)  # BERT: 2 layers and its MLM head
+    assert f"{gelus} Python GELU modules" in caplog.text or (gelus == 0 and "no Python GELU" in caplog.text)
+
+
+def test_compiled_runs_keep_their_attention_and_a_model_with_nothing_lean_is_said(caplog):
+    model = causal_lm("llama-untied")
+    with caplog.at_level(logging.INFO, logger="trainwright"):
+        with lean_activations.applied(model, compiled=True):
+            assert model.config._attn_implementation == "sdpa"
+    assert "no Python GELU modules; attention kept (torch_compile" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="trainwright"):
+        with lean_activations.applied(torch.nn.Sequential(torch.nn.Linear(2, 2))):
+            pass
+    assert "attention kept (not a transformers model)" in caplog.text
+    assert any(r.levelno == logging.WARNING for r in caplog.records)
+
+
+def _train(tok, tmp_path, name, model, **kw):
+    args = TrainingArguments(
+        output_dir=str(tmp_path / name),
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_steps=3,
+        optim="sgd",
+        learning_rate=0.1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=True,
+        seed=3,
+        **kw,
+    )
+    collator = transformers.DataCollatorForLanguageModeling(tok, mlm=False)
+    trainer = Trainer(model=model, args=args, train_dataset=lm_data(tok), data_collator=collator)
+    trainer.train()
+    losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["own-loss", "fused-loss"])
+def test_lean_activations_train_like_the_model_and_give_it_back(tokenizer, tmp_path, monkeypatch, fused):
+    own_losses, own_weights = _train(tokenizer, tmp_path, "own", gpt2(tokenizer, dropout=0.1))
+    model = gpt2(tokenizer, dropout=0.1)
+    calls = []
+    real = lean_attention.DropoutAttention.apply
+    monkeypatch.setattr(lean_attention.DropoutAttention, "apply", lambda *a: calls.append(1) or real(*a))
+    act = model.transformer.h[0].mlp.act
+    losses, weights = _train(
+        tokenizer, tmp_path, "lean", model, lean_activations=True, fused_linear_cross_entropy=fused
+    )
+    assert len(calls) == 3 * 2 * 2  # steps x micro-batches x layers, all through the lean attention
+    assert losses == pytest.approx(own_losses, rel=1e-5)
+    for k in own_weights:
+        torch.testing.assert_close(weights[k], own_weights[k], rtol=0, atol=1e-5, msg=k)
+    assert model.transformer.h[0].mlp.act is act and model.config._attn_implementation == "sdpa"
+
+
+def test_lean_activations_must_be_a_bool():
+    with pytest.raises(ValueError, match="lean_activations"):
+        TrainingArguments("out", lean_activations="yes")
