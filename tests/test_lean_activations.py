@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_model_path import assert_same_gradients, causal_lm
-from test_model_path_trainer import gpt2, lm_data
+from test_model_path_trainer import gpt2, train
 
-from trainwright import Trainer, TrainingArguments
+from trainwright import TrainingArguments
 from trainwright.modeling import lean_activations, lean_attention
 
 transformers = pytest.importorskip("transformers")
@@ -176,38 +176,15 @@ def test_compiled_runs_keep_their_attention_and_a_model_with_nothing_lean_is_sai
     assert any(r.levelno == logging.WARNING for r in caplog.records)
 
 
-def _train(tok, tmp_path, name, model, **kw):
-    args = TrainingArguments(
-        output_dir=str(tmp_path / name),
-        per_device_train_batch_size=4,
-        gradient_accumulation_steps=2,
-        max_steps=3,
-        optim="sgd",
-        learning_rate=0.1,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        use_cpu=True,
-        seed=3,
-        **kw,
-    )
-    collator = transformers.DataCollatorForLanguageModeling(tok, mlm=False)
-    trainer = Trainer(model=model, args=args, train_dataset=lm_data(tok), data_collator=collator)
-    trainer.train()
-    losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
-    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
 @pytest.mark.parametrize("fused", [False, True], ids=["own-loss", "fused-loss"])
 def test_lean_activations_train_like_the_model_and_give_it_back(tokenizer, tmp_path, monkeypatch, fused):
-    own_losses, own_weights = _train(tokenizer, tmp_path, "own", gpt2(tokenizer, dropout=0.1))
+    _, own_losses, own_weights = train(tokenizer, tmp_path, "own", gpt2(tokenizer, dropout=0.1))
     model = gpt2(tokenizer, dropout=0.1)
     calls = []
     real = lean_attention.DropoutAttention.apply
     monkeypatch.setattr(lean_attention.DropoutAttention, "apply", lambda *a: calls.append(1) or real(*a))
     act = model.transformer.h[0].mlp.act
-    losses, weights = _train(
+    _, losses, weights = train(
         tokenizer, tmp_path, "lean", model, lean_activations=True, fused_linear_cross_entropy=fused
     )
     assert len(calls) == 3 * 2 * 2  # steps x micro-batches x layers, all through the lean attention
@@ -220,3 +197,26 @@ def test_lean_activations_train_like_the_model_and_give_it_back(tokenizer, tmp_p
 def test_lean_activations_must_be_a_bool():
     with pytest.raises(ValueError, match="lean_activations"):
         TrainingArguments("out", lean_activations="yes")
+
+
+def test_under_cpu_autocast_it_is_sdpas_attention_in_bf16():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(B, T, H * D, generator=g)
+    weight = (torch.randn(H * D, 3 * H * D, generator=g) / 8).requires_grad_()
+
+    def run(attention):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            q, k, v = (x @ weight).view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)
+            torch.manual_seed(1)
+            out = attention(q, k, v)
+        out.float().sum().backward()
+        grad, weight.grad = weight.grad, None
+        return out, grad
+
+    ref, ref_grad = run(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.2, is_causal=True)
+    )
+    out, grad = run(lambda q, k, v: lean_attention.DropoutAttention.apply(q, k, v, None, True, D**-0.5, 0.2))
+    assert out.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)  # bf16 rounding, the same dropout
+    assert float((grad - ref_grad).norm() / ref_grad.norm()) < 1e-3

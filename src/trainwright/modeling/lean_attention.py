@@ -85,46 +85,48 @@ class DropoutAttention(torch.autograd.Function):
         scale: float,
         p: float,
     ) -> torch.Tensor:
-        blocks = _Blocks(query, key, mask, causal, scale)
-        batch, heads, rows, _ = query.shape
-        keep = torch.empty((batch, heads, rows, key.shape[2]), dtype=torch.bool, device=query.device)
-        keep.bernoulli_(1.0 - p)
-        out = torch.empty((*query.shape[:3], value.shape[-1]), dtype=blocks.compute, device=query.device)
-        lse = torch.empty((batch, heads, rows, 1), dtype=blocks.compute, device=query.device)
-        for start, stop, keys in blocks.spans():
-            s = blocks.scores(start, stop, keys)
-            top = torch.logsumexp(s, dim=-1, keepdim=True)
-            top.masked_fill_(top == float("-inf"), 0.0)
-            prob = s.sub_(top).exp_().mul_(keep[:, :, start:stop, :keys]).mul_(1.0 / (1.0 - p))
-            out[:, :, start:stop] = torch.matmul(prob, value[:, :, :keys].to(blocks.compute))
-            lse[:, :, start:stop] = top
-        ctx.save_for_backward(query, key, value, mask, keep, lse)
-        ctx.causal, ctx.scale, ctx.p = causal, scale, p
-        return out.to(query.dtype)
+        with torch.autocast(query.device.type, enabled=False):  # fp32 inside, forward and backward alike
+            blocks = _Blocks(query, key, mask, causal, scale)
+            batch, heads, rows, _ = query.shape
+            keep = torch.empty((batch, heads, rows, key.shape[2]), dtype=torch.bool, device=query.device)
+            keep.bernoulli_(1.0 - p)
+            out = torch.empty((*query.shape[:3], value.shape[-1]), dtype=blocks.compute, device=query.device)
+            lse = torch.empty((batch, heads, rows, 1), dtype=blocks.compute, device=query.device)
+            for start, stop, keys in blocks.spans():
+                s = blocks.scores(start, stop, keys)
+                top = torch.logsumexp(s, dim=-1, keepdim=True)
+                top.masked_fill_(top == float("-inf"), 0.0)
+                prob = s.sub_(top).exp_().mul_(keep[:, :, start:stop, :keys]).mul_(1.0 / (1.0 - p))
+                out[:, :, start:stop] = torch.matmul(prob, value[:, :, :keys].to(blocks.compute))
+                lse[:, :, start:stop] = top
+            ctx.save_for_backward(query, key, value, mask, keep, lse)
+            ctx.causal, ctx.scale, ctx.p = causal, scale, p
+            return out.to(query.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
-        query, key, value, mask, keep, lse = ctx.saved_tensors
-        blocks = _Blocks(query, key, mask, ctx.causal, ctx.scale)
-        c = blocks.compute
-        v = value.to(c)
-        grad_out = grad_out.to(c)
-        dq = torch.zeros(query.shape, dtype=c, device=query.device)
-        dk = torch.zeros(key.shape, dtype=c, device=key.device)
-        dv = torch.zeros(value.shape, dtype=c, device=value.device)
-        inv = 1.0 / (1.0 - ctx.p)
-        for start, stop, keys in blocks.spans():
-            prob = blocks.scores(start, stop, keys).sub_(lse[:, :, start:stop]).exp_()
-            kept = keep[:, :, start:stop, :keys]
-            g = grad_out[:, :, start:stop]
-            dropped = prob * kept * inv
-            dv[:, :, :keys] += torch.matmul(dropped.transpose(-1, -2), g)
-            del dropped
-            dprob = torch.matmul(g, v[:, :, :keys].transpose(-1, -2)).mul_(kept).mul_(inv)
-            ds = dprob.sub_((dprob * prob).sum(dim=-1, keepdim=True)).mul_(prob).mul_(ctx.scale)
-            dq[:, :, start:stop] = torch.matmul(ds, key[:, :, :keys].to(c))
-            dk[:, :, :keys] += torch.matmul(ds.transpose(-1, -2), query[:, :, start:stop].to(c))
-        return dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype), None, None, None, None
+        with torch.autocast(grad_out.device.type, enabled=False):
+            query, key, value, mask, keep, lse = ctx.saved_tensors
+            blocks = _Blocks(query, key, mask, ctx.causal, ctx.scale)
+            c = blocks.compute
+            v = value.to(c)
+            grad_out = grad_out.to(c)
+            dq = torch.zeros(query.shape, dtype=c, device=query.device)
+            dk = torch.zeros(key.shape, dtype=c, device=key.device)
+            dv = torch.zeros(value.shape, dtype=c, device=value.device)
+            inv = 1.0 / (1.0 - ctx.p)
+            for start, stop, keys in blocks.spans():
+                prob = blocks.scores(start, stop, keys).sub_(lse[:, :, start:stop]).exp_()
+                kept = keep[:, :, start:stop, :keys]
+                g = grad_out[:, :, start:stop]
+                dropped = prob * kept * inv
+                dv[:, :, :keys] += torch.matmul(dropped.transpose(-1, -2), g)
+                del dropped
+                dprob = torch.matmul(g, v[:, :, :keys].transpose(-1, -2)).mul_(kept).mul_(inv)
+                ds = dprob.sub_((dprob * prob).sum(dim=-1, keepdim=True)).mul_(prob).mul_(ctx.scale)
+                dq[:, :, start:stop] = torch.matmul(ds, key[:, :, :keys].to(c))
+                dk[:, :, :keys] += torch.matmul(ds.transpose(-1, -2), query[:, :, start:stop].to(c))
+            return dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype), None, None, None, None
 
 
 def takes_over(
