@@ -6,13 +6,14 @@ each against transformers.Trainer measured in the same run.
 
 (a) **Fused loss** (`fused_linear_cross_entropy=True`), per model: GPT-2 (6 layers, 50,257
 vocabulary) and a Llama-style config with a 128,256 vocabulary, batch 8 x 512 random tokens, fp32,
-AdamW. Three variants, each in a fresh process: transformers.Trainer (the model's own loss),
-trainwright with its own loss, trainwright fused. Peak RSS is the process's high-water mark
+AdamW. Four variants, each in a fresh process: transformers.Trainer (the model's own loss),
+trainwright with its own loss, trainwright fused, and fused with `lean_activations=True`. Peak RSS is the process's high-water mark
 (`VmHWM`) reset after the model and data are built, so it is the training steps' peak; steps/s are
 steady (from the end of the first step to the end of the last), on this thread's CPU time by
 default (one torch thread does all the work, so other processes on a shared machine do not count;
-`--clock wall --threads 0` for the wall clock on every core). A fourth process checks one batch:
-the fused loss and every gradient against the model's own (relative gaps). Then GPT-2 again with
+`--clock wall --threads 0` for the wall clock on every core). Two more processes check one batch
+(dropout on, the same seed for both forwards): the fused loss and every gradient, without and with
+`lean_activations`, against the model's own (relative gaps). Then GPT-2 again with
 `gradient_checkpointing=True` in both trainers (its activations, dropout's attention masks included,
 are most of the fused run's peak otherwise).
 
@@ -27,6 +28,7 @@ token).
 Prints, among other lines, exactly:
 
     fused loss peak memory / transformers.Trainer, <model>: <ratio>
+    fused loss peak memory / transformers.Trainer, <model>, with lean_activations: <ratio>
     packed real tokens/s / transformers.Trainer padded, <corpus>: <ratio>
 
 Goals (issue 19): fused <= 0.6x the peak RSS with loss and gradients within 1e-5 relative and steps/s
