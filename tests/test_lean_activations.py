@@ -176,18 +176,25 @@ def test_compiled_runs_keep_their_attention_and_a_model_with_nothing_lean_is_sai
     assert any(r.levelno == logging.WARNING for r in caplog.records)
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["own-loss", "fused-loss"])
-def test_lean_activations_train_like_the_model_and_give_it_back(tokenizer, tmp_path, monkeypatch, fused):
-    _, own_losses, own_weights = train(tokenizer, tmp_path, "own", gpt2(tokenizer, dropout=0.1))
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"fused_linear_cross_entropy": True}, {"activation_checkpointing": True}],
+    ids=["own-loss", "fused-loss", "activation-checkpointing"],
+)
+def test_lean_activations_train_like_the_model_and_give_it_back(tokenizer, tmp_path, monkeypatch, extra):
+    _, own_losses, own_weights = train(tokenizer, tmp_path, "own", gpt2(tokenizer, dropout=0.1), **extra)
     model = gpt2(tokenizer, dropout=0.1)
     calls = []
     real = lean_attention.DropoutAttention.apply
     monkeypatch.setattr(lean_attention.DropoutAttention, "apply", lambda *a: calls.append(1) or real(*a))
     act = model.transformer.h[0].mlp.act
-    _, losses, weights = train(
-        tokenizer, tmp_path, "lean", model, lean_activations=True, fused_linear_cross_entropy=fused
-    )
-    assert len(calls) == 3 * 2 * 2  # steps x micro-batches x layers, all through the lean attention
+    _, losses, weights = train(tokenizer, tmp_path, "lean", model, lean_activations=True, **extra)
+    forwards = (
+        2 if extra.get("activation_checkpointing") else 1
+    )  # a checkpointed layer runs again in backward
+    assert (
+        len(calls) == 3 * 2 * 2 * forwards
+    )  # steps x micro-batches x layers, all through the lean attention
     assert losses == pytest.approx(own_losses, rel=1e-5)
     for k in own_weights:
         torch.testing.assert_close(weights[k], own_weights[k], rtol=0, atol=1e-5, msg=k)
