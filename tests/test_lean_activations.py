@@ -178,8 +178,8 @@ def test_compiled_runs_keep_their_attention_and_a_model_with_nothing_lean_is_sai
 
 @pytest.mark.parametrize(
     "extra",
-    [{}, {"fused_linear_cross_entropy": True}, {"activation_checkpointing": True}],
-    ids=["own-loss", "fused-loss", "activation-checkpointing"],
+    [{}, {"fused_linear_cross_entropy": True}, {"activation_checkpointing": True}, {"padding_free": True}],
+    ids=["own-loss", "fused-loss", "activation-checkpointing", "padding-free"],
 )
 def test_lean_activations_train_like_the_model_and_give_it_back(tokenizer, tmp_path, monkeypatch, extra):
     _, own_losses, own_weights = train(tokenizer, tmp_path, "own", gpt2(tokenizer, dropout=0.1), **extra)
