@@ -5,6 +5,7 @@ offline the training is the model's own (dropout on), and train() gives the mode
 from __future__ import annotations
 
 import logging
+import sys
 
 import hf_fixtures
 import pytest
@@ -227,3 +228,36 @@ def test_under_cpu_autocast_it_is_sdpas_attention_in_bf16():
     assert out.dtype == ref.dtype == torch.bfloat16
     torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)  # bf16 rounding, the same dropout
     assert float((grad - ref_grad).norm() / ref_grad.norm()) < 1e-3
+
+
+def test_which_gelu_modules_become_one_op():
+    from transformers import activations as act
+
+    model = torch.nn.ModuleDict(
+        {
+            "new": act.NewGELUActivation(),
+            "fast": act.FastGELUActivation(),
+            "tanh_python": act.GELUTanh(use_gelu_tanh_python=True),
+            "erf_python": act.GELUActivation(use_gelu_python=True),
+            "tanh_op": act.GELUTanh(),  # already one op
+            "quick": act.QuickGELUActivation(),  # another function: kept
+        }
+    )
+    x = torch.randn(64, dtype=torch.float64)
+    own = {name: m(x) for name, m in model.items()}
+    originals = dict(model.items())
+    with lean_activations.applied(model):
+        swapped = {name for name, m in model.items() if m is not originals[name]}
+        for name, m in model.items():
+            torch.testing.assert_close(m(x), own[name], rtol=0, atol=1e-7)  # the same function
+    assert swapped == {"new", "fast", "tanh_python", "erf_python"}
+    assert dict(model.items()) == originals
+
+
+def test_without_transformers_a_plain_model_trains_as_it_is(monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` fails
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.GELU())
+    with caplog.at_level(logging.INFO, logger="trainwright"):
+        with lean_activations.applied(model):
+            pass
+    assert "no Python GELU modules; attention kept (not a transformers model)" in caplog.text

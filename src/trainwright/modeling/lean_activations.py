@@ -32,27 +32,29 @@ logger = logging.getLogger(__name__)
 ATTENTION = "trainwright_sdpa"
 
 
-def _one_op_gelu(module: nn.Module) -> nn.Module | None:
-    """transformers' one-op module computing what `module` computes in Python, or None."""
-    from transformers import activations as act
-
-    kind = type(module)
+def _one_op_gelu(act: Any, module: nn.Module) -> nn.Module | None:
+    """transformers' one-op module computing what `module` computes in Python, or None (`act`:
+    ``transformers.activations``)."""
+    kind: Any = type(module)
     if kind in (act.NewGELUActivation, act.FastGELUActivation):
         return act.GELUTanh()
+    python_forms = {act.GELUTanh: "_gelu_tanh_python", act.GELUActivation: "_gelu_python"}
     bound = getattr(getattr(module, "act", None), "__func__", None)
-    if kind is act.GELUTanh and bound is act.GELUTanh._gelu_tanh_python:
-        return act.GELUTanh()
-    if kind is act.GELUActivation and bound is act.GELUActivation._gelu_python:
-        return act.GELUActivation()
+    if kind in python_forms and bound is getattr(kind, python_forms[kind]):
+        return kind()
     return None
 
 
 def _swap_activations(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     """Replace the Python GELU modules in place: (parent, name, original) of each."""
+    try:
+        from transformers import activations as act
+    except ImportError:  # a plain PyTorch model without transformers installed: none to replace
+        return []
     swapped = []
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            lean = _one_op_gelu(child)
+            lean = _one_op_gelu(act, child)
             if lean is not None:
                 setattr(parent, name, lean)
                 swapped.append((parent, name, child))
