@@ -33,6 +33,10 @@ SCRIPTS = {
         "async blocked / sync save",
     ),
     "mfu": (["bench/mfu.py", "--tiny", "--steps", "20"], "trainwright / raw"),
+    "activations": (
+        ["bench/activations.py", "--layers", "1", "--batch", "1", "--seq", "32", "--rounds", "1"],
+        "dropout attention time, lean / SDPA",
+    ),
 }
 
 
