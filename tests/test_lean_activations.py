@@ -177,6 +177,20 @@ def test_compiled_runs_keep_their_attention_and_a_model_with_nothing_lean_is_sai
     assert any(r.levelno == logging.WARNING for r in caplog.records)
 
 
+def test_a_model_on_eager_attention_keeps_it_and_still_gets_one_op_gelu(caplog):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=97, n_positions=64)
+    model = transformers.GPT2LMHeadModel._from_config(config, attn_implementation="eager")
+    with caplog.at_level(logging.INFO, logger="trainwright"):
+        with lean_activations.applied(model):
+            assert model.config._attn_implementation == "eager"  # its own eager attention, not SDPA's
+            assert type(model.transformer.h[0].mlp.act).__name__ == "GELUTanh"
+    assert (
+        "2 Python GELU modules as one op; attention kept (its attention is ['eager'], not sdpa)"
+        in caplog.text
+    )
+
+
 @pytest.mark.parametrize(
     "extra",
     [{}, {"fused_linear_cross_entropy": True}, {"activation_checkpointing": True}, {"padding_free": True}],
