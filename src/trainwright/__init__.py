@@ -5,6 +5,7 @@ token-weighted gradient accumulation and honest throughput/MFU figures.
 """
 
 from trainwright import _moved_modules
+from trainwright.app.patch import PatchTooLateError, patch_transformers
 from trainwright.args.parser import HfArgumentParser
 from trainwright.args.training_args import (
     IntervalStrategy,
@@ -79,6 +80,7 @@ __all__ = [
     "EvalPrediction",
     "HfArgumentParser",
     "IntervalStrategy",
+    "PatchTooLateError",
     "PredictionOutput",
     "PrinterCallback",
     "ProgressCallback",
@@ -117,6 +119,7 @@ __all__ = [
     "is_swanlab_available",
     "is_tensorboard_available",
     "is_wandb_available",
+    "patch_transformers",
     "set_seed",
     "torch_distributed_zero_first",
 ]

@@ -1,4 +1,5 @@
-"""Command line: `trainwright demo`, `trainwright train CONFIG [--flags]`, `trainwright plot DIR`.
+"""Command line: `trainwright demo`, `trainwright train CONFIG [--flags]`, `trainwright plot DIR`,
+`trainwright run SCRIPT.py [ARGS]` (a script of its own: its errors and exit code are the script's).
 
 A user's mistake (a bad field or value, a missing file or package, a checkpoint that cannot be
 resumed) prints one line, `trainwright <command>: error: ...`, and exits 2, as argparse does; anything
@@ -22,6 +23,8 @@ commands:
   train CONFIG.yaml|json [--KEY VALUE ...]  train a model from a config and local files
                                             (trainwright train --help: the config keys)
   plot OUTPUT_DIR                           draw loss, eval metrics, learning rate, throughput
+  run SCRIPT.py [ARGS ...]                  run a transformers / TRL script unchanged, on
+                                            trainwright (also `run -m MODULE`; under torchrun too)
 
 --debug: show the traceback of an error (a mistake in the input prints one line without it)
 """
@@ -83,6 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = bool(argv) and argv[0] == "--debug"
     if debug:
         argv = argv[1:]
+    if argv and argv[0] == "run":  # the script's own logging, errors and exit code, as under python
+        from trainwright.app.run_script import run_script
+
+        return run_script(argv[1:])
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("trainwright").setLevel(logging.INFO)
     if not argv or argv[0] in ("-h", "--help"):

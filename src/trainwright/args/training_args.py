@@ -27,10 +27,11 @@ from typing import Any
 
 import torch
 
-from trainwright.args import properties, serialization, validation
+from trainwright.args import process_state, properties, serialization, validation
 from trainwright.args.aliases import V4_V5_CHOICES
 from trainwright.args.checks import (
     DDP_BACKENDS,
+    DICT_FIELDS,
     HALF_PRECISION_BACKENDS,
     LOG_LEVELS,
     MP_CONTEXTS,
@@ -84,6 +85,10 @@ class TrainingArguments:
     Field help is in each field's metadata (the command-line parser shows it). Choice-valued
     fields become `str` enums that compare equal to their string values.
     """
+
+    # upstream's class attribute: the fields a command line may give as a JSON object string. A
+    # subclass (TRL's configs) extends it with its own; those are parsed as upstream parses them.
+    _VALID_DICT_FIELDS = list(DICT_FIELDS)
 
     # -- output and phases ---------------------------------------------------------------------
     output_dir: str | None = _arg(None, 'Where checkpoints and outputs go (default "trainer_output").')
@@ -441,6 +446,16 @@ class TrainingArguments:
         """Whether this process writes files: each node's main process with save_on_each_node, else rank 0."""
         rt = properties.runtime(self)
         return rt.is_local_main_process if self.save_on_each_node else rt.is_main_process
+
+    @property
+    def distributed_state(self) -> "process_state.ProcessState":
+        """accelerate's view of this process (`distributed_type`, ranks, device): see process_state.py."""
+        return process_state.process_state(self)
+
+    @property
+    def deepspeed_plugin(self) -> None:
+        """None without `deepspeed` (accelerate's attribute; with it, an error naming it)."""
+        return process_state.deepspeed_plugin(self)
 
     @property
     def place_model_on_device(self) -> bool:

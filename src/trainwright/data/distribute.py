@@ -196,26 +196,26 @@ def same_mapping(original: Mapping, items: dict) -> Mapping:
         return items
 
 
+def map_tensors(fn: Any, data: Any) -> Any:
+    """`data` with `fn` applied to every tensor in it, through mappings (their type kept), lists and
+    tuples; other values are kept."""
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, Mapping):
+        return same_mapping(data, {k: map_tensors(fn, v) for k, v in data.items()})
+    if isinstance(data, (list, tuple)):
+        return type(data)(map_tensors(fn, v) for v in data)
+    return data
+
+
 def to_device(data: Any, device: torch.device, non_blocking: bool = False) -> Any:
     """`data` on `device`: the tensors in it, through mappings (their type kept), lists and tuples."""
-    if isinstance(data, torch.Tensor):
-        return data.to(device, non_blocking=non_blocking)
-    if isinstance(data, Mapping):
-        return same_mapping(data, {k: to_device(v, device, non_blocking) for k, v in data.items()})
-    if isinstance(data, (list, tuple)):
-        return type(data)(to_device(v, device, non_blocking) for v in data)
-    return data
+    return map_tensors(lambda t: t.to(device, non_blocking=non_blocking), data)
 
 
 def slice_batch(batch: Any, rows: slice) -> Any:
     """`rows` of every tensor in the batch (as accelerate's `slice_tensors`: other values are kept)."""
-    if isinstance(batch, torch.Tensor):
-        return batch[rows] if batch.dim() else batch
-    if isinstance(batch, Mapping):
-        return same_mapping(batch, {k: slice_batch(v, rows) for k, v in batch.items()})
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(slice_batch(v, rows) for v in batch)
-    return batch
+    return map_tensors(lambda t: t[rows] if t.dim() else t, batch)
 
 
 def concat_batches(first: Any, second: Any) -> Any:

@@ -1,27 +1,57 @@
-"""`Trainer.accelerator`: the part of accelerate's `Accelerator` that training scripts call on a
-Trainer (process facts, barriers, gathers, unwrapping), answered by trainwright's runtime.
+"""`Trainer.accelerator`: the part of accelerate's `Accelerator` that training scripts and the
+libraries built on the Trainer (TRL) call, answered by trainwright's runtime and run.
 
-trainwright does not run on accelerate; anything else asked of this object raises an
-AttributeError that says so, rather than pretending.
+trainwright does not run on accelerate. Each member here has accelerate's meaning (its process facts,
+collectives, precision, model preparation for a frozen model, the accumulation boundary); a call
+that trainwright cannot honour with that meaning raises an error naming it, and anything else asked
+of this object raises an AttributeError that says so, rather than pretending.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+import functools
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 
+from trainwright.args import process_state
 from trainwright.core.modules import unwrap_model as _unwrap
+from trainwright.data.distribute import to_device
+from trainwright.distributed import collectives
+
+_ANSWERS = (
+    "device, state, distributed_type, mixed_precision, parallelism_config, dataloader_config, "
+    "sync_gradients, gradient_accumulation_steps, is_main_process, is_local_main_process, process_index, "
+    "local_process_index, num_processes, use_distributed, wait_for_everyone, gather, gather_for_metrics, "
+    "reduce, pad_across_processes, split_between_processes, unwrap_model, prepare_model, prepare, "
+    "autocast, backward, clip_grad_norm_, print, main_process_first, local_main_process_first, "
+    "free_memory and end_training"
+)
+
+
+class _Owner(Protocol):
+    """What the accelerator reads of its Trainer (each attribute at the time of the call)."""
+
+    runtime: Any
+    args: Any
+    model: nn.Module
+    _run: Any
 
 
 class RuntimeAccelerator:
-    """What scripts use of `trainer.accelerator`, over a trainwright `Runtime`."""
+    """What code written against accelerate uses of `trainer.accelerator`, over the Trainer's runtime."""
 
-    def __init__(self, runtime: Any) -> None:
-        self._runtime = runtime
+    def __init__(self, owner: _Owner) -> None:
+        self._owner = owner
 
+    @property
+    def _runtime(self) -> Any:
+        return self._owner.runtime
+
+    # -- process facts ---------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
         return self._runtime.device
@@ -50,23 +80,149 @@ class RuntimeAccelerator:
     def use_distributed(self) -> bool:
         return self._runtime.distributed
 
+    @property
+    def state(self) -> process_state.ProcessState:
+        """accelerate's `AcceleratorState` facts (distributed type, plugins: see args/process_state.py)."""
+        return process_state.process_state(self._owner.args)
+
+    @property
+    def distributed_type(self) -> process_state.DistributedType:
+        return process_state.distributed_type(self._owner.args)
+
+    @property
+    def mixed_precision(self) -> str:
+        return process_state.mixed_precision(self._owner.args)
+
+    @property
+    def parallelism_config(self) -> Any:
+        """The arguments' `parallelism_config` (accelerate's field names and `*_enabled` facts), or None."""
+        return self._owner.args.parallelism_config
+
+    @property
+    def dataloader_config(self) -> Any:
+        """The arguments' `accelerator_config` (`split_batches`, `dispatch_batches`, `even_batches`,
+        `use_seedable_sampler`): a change to it applies to the data loaders built afterwards."""
+        return self._owner.args.accelerator_config
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self._owner.args.gradient_accumulation_steps
+
+    @property
+    def sync_gradients(self) -> bool:
+        """False while a micro-batch that is not its step's last is trained, else True (accelerate's
+        meaning: gradients are synchronised and the optimizer steps after this backward)."""
+        run = self._owner._run
+        return run is None or run.at_step_boundary()
+
+    # -- collectives -----------------------------------------------------------------------------
     def wait_for_everyone(self) -> None:
         self._runtime.barrier()
 
-    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Every process's tensor concatenated along the first dimension, in rank order."""
-        parts = self._runtime.all_gather(tensor if tensor.dim() else tensor.reshape(1))
-        return torch.cat(parts)
+    def gather(self, tensor: Any) -> Any:
+        """Every process's tensors (nested in mappings, lists and tuples) concatenated along the first
+        dimension, in rank order; a 0-d tensor becomes one row per process."""
+        return collectives.gather(self._runtime, tensor)
 
-    def gather_for_metrics(self, tensor: torch.Tensor) -> torch.Tensor:
-        return self.gather(tensor)
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """`gather` for tensors; other objects (lists of strings, ...) gathered as objects and flattened.
+        trainwright's evaluation sampler repeats no sample, so there is nothing to drop."""
+        if use_gather_object or not collectives.holds_tensors(input_data):
+            return collectives.gather_object(self._runtime, input_data)
+        return self.gather(input_data)
 
-    def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
-        return self._runtime.all_reduce(tensor.clone(), reduction)
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        return collectives.reduce(self._runtime, tensor, reduction, scale)
 
-    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
-        return _unwrap(model)
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False
+    ) -> Any:
+        return collectives.pad_across_processes(self._runtime, tensor, dim, pad_index, pad_first)
 
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        yield collectives.split_between_processes(self._runtime, inputs, apply_padding)
+
+    # -- models, precision, steps -------------------------------------------------------------------
+    def unwrap_model(
+        self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> nn.Module:
+        """The model inside DDP (and `torch.compile`, unless `keep_torch_compile`); without
+        `keep_fp32_wrapper`, a forward that `prepare_model` wrapped in autocast is restored."""
+        inner = _unwrap(model)
+        compiled = getattr(model, "_orig_mod", None) is not None
+        module = model if compiled and keep_torch_compile else inner
+        if not keep_fp32_wrapper and "_original_forward" in inner.__dict__:
+            inner.forward = inner.__dict__.pop("_original_forward")
+        return module
+
+    def prepare_model(
+        self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> nn.Module:
+        """A model beside the trained one (a reference or reward model): on this process's device, its
+        forward under the arguments' autocast with float32 outputs, as accelerate prepares it.
+
+        Training a second model is not something trainwright's run does: `evaluation_mode=False`
+        over several processes (where accelerate would wrap it in DDP) is refused."""
+        owner = self._owner
+        if model is owner.model or model is getattr(owner, "model_wrapped", None):
+            return model  # the trained model: the run's engine wraps it when train() starts
+        if not evaluation_mode and self._runtime.distributed:
+            raise NotImplementedError(
+                f"trainer.accelerator.prepare_model({type(model).__name__}) for training over "
+                f"{self._runtime.world_size} processes: trainwright's engine wraps only the Trainer's "
+                "model. Pass evaluation_mode=True for a frozen model, or train this model in a Trainer of its own."
+            )
+        if device_placement is not False and not _spread_over_devices(model):
+            model = model.to(self.device)
+        dtype = _autocast_dtype(owner.args)
+        if dtype is not None and "_original_forward" not in model.__dict__:
+            model._original_forward = model.forward  # type: ignore[assignment]
+            model.forward = _fp32_outputs(self._runtime, dtype, model.forward)  # type: ignore[method-assign]
+        return model
+
+    def prepare(self, *objects: Any, device_placement: list[bool] | None = None) -> Any:
+        """Models through `prepare_model`; a data loader on one process yields its batches on this
+        process's device. Anything else, and a data loader over several processes (accelerate would
+        shard it), is refused naming it."""
+        prepared = [self._prepare_one(obj) for obj in objects]
+        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def _prepare_one(self, obj: Any) -> Any:
+        if isinstance(obj, nn.Module):
+            return self.prepare_model(obj)
+        if isinstance(obj, torch.utils.data.DataLoader) and not self._runtime.distributed:
+            return DeviceLoader(obj, self.device)
+        where = f" over {self._runtime.world_size} processes" if self._runtime.distributed else ""
+        raise NotImplementedError(
+            f"trainer.accelerator.prepare({type(obj).__name__}){where}: trainwright prepares models and, on "
+            "one process, data loaders; its Trainer builds and shards its own loaders, optimizer and schedule."
+        )
+
+    def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager:
+        """The arguments' mixed precision (bf16 / fp16 autocast on this device), else nothing."""
+        if autocast_handler is not None:
+            raise NotImplementedError(
+                "trainer.accelerator.autocast(autocast_handler=...): trainwright autocasts as `bf16` / `fp16` say."
+            )
+        return self._runtime.autocast(_autocast_dtype(self._owner.args))
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """The run's backward (fp16 scaling, DeepSpeed's engine), or `loss.backward()` outside train()."""
+        run = self._owner._run
+        if run is not None and self._owner.is_in_train:  # type: ignore[attr-defined]
+            if kwargs:
+                raise NotImplementedError(
+                    f"trainer.accelerator.backward(loss, {', '.join(kwargs)}=...) during train()"
+                )
+            run.engine.backward(loss)
+        else:
+            loss.backward(**kwargs)
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    # -- the rest of accelerate's everyday surface ---------------------------------------------------
     def print(self, *args: Any, **kwargs: Any) -> None:
         if self._runtime.is_local_main_process:
             print(*args, **kwargs)
@@ -90,9 +246,48 @@ class RuntimeAccelerator:
         self._runtime.shutdown()
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
         raise AttributeError(
             f"trainer.accelerator.{name}: trainwright runs on its own runtime, not accelerate; its "
-            "accelerator answers device, is_main_process, is_local_main_process, process_index, "
-            "local_process_index, num_processes, wait_for_everyone, gather, gather_for_metrics, reduce, "
-            "unwrap_model, print, main_process_first, local_main_process_first, free_memory and end_training."
+            f"accelerator answers {_ANSWERS}."
         )
+
+
+class DeviceLoader:
+    """A data loader whose batches arrive on `device` (what accelerate's prepared loader gives)."""
+
+    def __init__(self, loader: Any, device: torch.device) -> None:
+        self.loader, self.device = loader, device
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.loader:
+            yield to_device(batch, self.device, False)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+
+def _autocast_dtype(args: Any) -> torch.dtype | None:
+    return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else None
+
+
+def _spread_over_devices(model: nn.Module) -> bool:
+    device_map = getattr(model, "hf_device_map", None)
+    return isinstance(device_map, Mapping) and len(set(device_map.values())) > 1
+
+
+def _fp32_outputs(runtime: Any, dtype: torch.dtype, forward: Any) -> Any:
+    """`forward` under autocast to `dtype`, its half-precision outputs returned as float32 (accelerate's
+    `convert_outputs_to_fp32`)."""
+
+    @functools.wraps(forward)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with runtime.autocast(dtype):
+            out = forward(*args, **kwargs)
+        return collectives.to_float32(out)
+
+    return wrapped

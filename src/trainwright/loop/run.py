@@ -100,6 +100,8 @@ class TrainingRun:
         self.custom_lse = False  # a subclass overrides _maybe_log_save_evaluate: called every step
         self.metric_scheduler = False  # the scheduler steps on the evaluation metric, not per step
         self.optimizer_train: Callable[[], Any] = _nothing  # schedule-free: back to training weights
+        # the step being taken: its micro-batches, and how many of them advance() has counted
+        self.step_micro_batches = self.step_position = 0
         self._plugins = contextlib.ExitStack()  # model hooks of this run, removed when it ends
 
     # -- set-up --------------------------------------------------------------------------------
@@ -151,9 +153,20 @@ class TrainingRun:
             model.train()
         self.optimizer_train()
 
+    def begin_step(self, micro_batches: list) -> int:
+        """A step of these micro-batches starts; the index of its last one."""
+        self.step_micro_batches, self.step_position = len(micro_batches), 0
+        return self.step_micro_batches - 1
+
+    def at_step_boundary(self) -> bool:
+        """Whether the micro-batch being trained is its step's last (or no step is under way):
+        accelerate's `sync_gradients`."""
+        return self.step_position >= self.step_micro_batches
+
     def advance(self, inputs: Any, state: TrainerState) -> None:
         """Count one micro-batch into the cursor: samples, tokens, FLOPs, input tokens seen."""
         cursor, geometry = self.cursor, self.geometry
+        self.step_position += 1
         n = min(geometry[0], geometry[1] - cursor.samples_in_epoch) if geometry else batch_size(inputs)
         cursor.batch_in_epoch += 1
         cursor.samples_in_epoch += n

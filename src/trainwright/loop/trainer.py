@@ -204,7 +204,7 @@ class Trainer(TrainerAPI):
                 break
             steps += 1
             self._fire("on_step_begin")
-            last = len(micro_batches) - 1
+            last = run.begin_step(micro_batches)
             for i, inputs in enumerate(micro_batches):
                 run.advance(inputs, state)
                 # no gradient sync but on the last micro-batch (context parallel: `inputs` is the shard)

@@ -28,6 +28,7 @@ from trainwright.core.events import TrainerCallback
 from trainwright.core.state import LoopCursor, TrainerState, metric_improves
 from trainwright.data.distribute import to_device
 from trainwright.loop import batch_size_finder, dataloaders, hub, optimization, prediction
+from trainwright.loop.accelerator_facade import RuntimeAccelerator
 from trainwright.loop.run import TrainingRun
 from trainwright.loop.trainer_setup import TrainerSetup
 from trainwright.modeling.loss import WindowReading
@@ -85,11 +86,19 @@ class TrainerAPI(TrainerSetup):
         self.processing_class = value
 
     @property
-    def accelerator(self) -> Any:
-        """Process facts and collectives under accelerate's names (see accelerator_facade.py)."""
-        from trainwright.loop.accelerator_facade import RuntimeAccelerator
+    def accelerator(self) -> RuntimeAccelerator:
+        """accelerate's `Accelerator` surface over this Trainer's runtime and run (accelerator_facade.py)."""
+        return self._accelerator
 
-        return RuntimeAccelerator(self.runtime)
+    @property
+    def current_gradient_accumulation_steps(self) -> int:
+        """Micro-batches in the step being taken (upstream's attribute; the argument outside a step)."""
+        run = self._run
+        return (
+            run.step_micro_batches
+            if run is not None and run.step_micro_batches
+            else self.args.gradient_accumulation_steps
+        )
 
     @property
     def gather_function(self) -> Callable:

@@ -33,6 +33,7 @@ from trainwright.core.state import TrainerControl, TrainerState
 from trainwright.distributed import context_parallel, parallelism
 from trainwright.distributed.output_lock import create_output_dir
 from trainwright.loop import dataloaders, hub
+from trainwright.loop.accelerator_facade import RuntimeAccelerator
 from trainwright.loop.run import TrainingRun, empty_training_message
 from trainwright.modeling import debug_underflow, lean_activations, liger, neftune
 from trainwright.modeling.loss import LabelSmoother, LossFacts, items_in_batch, loss_honours_num_items
@@ -80,6 +81,7 @@ class TrainerSetup:
     push_in_progress: hub.PushInProgress | None
     neftune_noise_alpha: float | None
     _run: TrainingRun | None
+    _accelerator: RuntimeAccelerator
     _loss_facts: LossFacts
     _memory_tracker: TrainerMemoryTracker
     _flops: FlopsEstimator | None
@@ -121,6 +123,7 @@ class TrainerSetup:
             warnings.warn("`tokenizer` is deprecated: pass `processing_class`.", FutureWarning, stacklevel=2)
             processing_class = processing_class if processing_class is not None else tokenizer
         self.runtime = get_runtime(use_cpu=args.use_cpu, backend=args.ddp_backend, timeout_s=args.ddp_timeout)
+        self._accelerator = RuntimeAccelerator(self)
         parallelism.set_up(args, self.runtime)  # parallelism_config's DeviceMesh (or none)
         _set_log_level(args)
         if DebugOption.TPU_METRICS_DEBUG in args.debug:

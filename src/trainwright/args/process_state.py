@@ -1,0 +1,116 @@
+"""accelerate's view of the processes, for code written against it: `TrainingArguments.distributed_state`,
+`.deepspeed_plugin` and `trainer.accelerator.state` (TRL reads them to choose a code path).
+
+trainwright does not run on accelerate, so these are answers, not accelerate objects: the
+distributed type under accelerate's names, the process facts of trainwright's runtime, and the
+plugins as None where the run uses neither DeepSpeed nor FSDP. A run that does use one of them is
+configured by trainwright, not by accelerate's plugin objects, so asking for the plugin then raises
+an error that names the attribute instead of handing over an object that behaves differently.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainwright.args import properties
+
+
+class DistributedType(str, enum.Enum):
+    """accelerate's `DistributedType` names for the backends trainwright runs (compares equal to the
+    same strings, as accelerate's does)."""
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+    DEEPSPEED = "DEEPSPEED"
+    FSDP = "FSDP"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class ProcessState:
+    """The attributes of accelerate's `AcceleratorState` that libraries read, for this process."""
+
+    distributed_type: DistributedType
+    num_processes: int
+    process_index: int
+    local_process_index: int
+    device: torch.device
+    mixed_precision: str  # "no", "bf16" or "fp16"
+    backend: str | None
+    _args: Any = None
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.num_processes > 1
+
+    @property
+    def deepspeed_plugin(self) -> None:
+        return deepspeed_plugin(self._args)
+
+    @property
+    def fsdp_plugin(self) -> None:
+        if self._args is not None and self._args.fsdp:
+            raise _plugin_error("fsdp_plugin", "fsdp", "FSDP2 from `fsdp` / `fsdp_config`")
+        return None
+
+
+def mixed_precision(args: Any) -> str:
+    """accelerate's name for the arguments' autocast: "bf16", "fp16" or "no"."""
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
+
+
+def distributed_type(args: Any) -> DistributedType:
+    rt = properties.runtime(args)
+    if args.deepspeed:
+        return DistributedType.DEEPSPEED
+    if args.fsdp and rt.world_size > 1:
+        return DistributedType.FSDP
+    if rt.world_size > 1:
+        return DistributedType.MULTI_GPU if rt.device.type == "cuda" else DistributedType.MULTI_CPU
+    return DistributedType.NO
+
+
+def process_state(args: Any) -> ProcessState:
+    """This process's `ProcessState` under the arguments (asks the runtime; starts it if needed)."""
+    rt = properties.runtime(args)
+    return ProcessState(
+        distributed_type=distributed_type(args),
+        num_processes=rt.world_size,
+        process_index=rt.rank,
+        local_process_index=rt.local_rank,
+        device=rt.device,
+        mixed_precision=mixed_precision(args),
+        backend=rt.backend if rt.distributed else None,
+        _args=args,
+    )
+
+
+def deepspeed_plugin(args: Any) -> None:
+    """None without `deepspeed`; with it, an error naming the attribute (see the module docstring)."""
+    if args is not None and args.deepspeed:
+        raise _plugin_error("deepspeed_plugin", "deepspeed", "DeepSpeed from the `deepspeed` config")
+    return None
+
+
+def _plugin_error(attribute: str, argument: str, what: str) -> AttributeError:
+    return AttributeError(
+        f"{attribute}: this run sets `{argument}`, and trainwright runs {what} itself, without "
+        f"accelerate's plugin object, so code that configures models through `{attribute}` (TRL's "
+        "reference and reward models, for one) cannot be honoured. Train without "
+        f"`{argument}` (one process or DDP), or on transformers.Trainer."
+    )
