@@ -20,6 +20,7 @@ from trainwright.data.kinds import IGNORE_INDEX, has_length, is_iterable_dataset
 from trainwright.data.loaders import (
     EpochSeededDataLoader,
     iterable_resume_state,
+    iterate_epoch,
     load_iterable_resume_state,
     make_dataloader,
     skip_iterable,
@@ -53,5 +54,6 @@ __all__ = [
     "pad_sequence_collator",
     "remove_unused_columns",
     "sampler_geometry",
+    "iterate_epoch",
     "skip_iterable",
 ]

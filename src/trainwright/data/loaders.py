@@ -122,8 +122,10 @@ class EpochSeededDataLoader(DataLoader):
     - Order: from the sampler (see :class:`ResumableSampler`).
     - Worker base seeds: the loader's private generator is reseeded from (seed, epoch, rank)
       each time an epoch is iterated, so torch's per-worker seeds (and
-      ``trainwright.core.seed.seed_worker``) are the same in a fresh, continued or resumed run. It
-      also means iterating never draws from the global torch RNG, as a plain DataLoader does.
+      ``trainwright.core.seed.seed_worker``) are the same in a fresh, continued or resumed run.
+      Starting an epoch still draws one value from the global torch RNG, where a plain DataLoader
+      draws its base seed, so the model's random stream (dropout, sampling) is the one of a run on
+      a plain loader (transformers'); a resumed epoch does not (see ``iterate``).
     - **With workers** (map-style datasets): before a batch is read, its worker seeds torch,
       numpy and random with a seed of (seed, epoch, rank, position of the batch's first sample
       in the epoch). The values ``__getitem__`` and ``collate_fn`` draw for a batch are then the
@@ -194,6 +196,16 @@ class EpochSeededDataLoader(DataLoader):
     # ignore[override]: with a timeout the iterator is wrapped (to name the timeout), so it is an
     # Iterator but not torch's _BaseDataLoaderIter
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        return self.iterate(from_start=getattr(self.sampler, "start", 0) == 0)
+
+    def iterate(self, from_start: bool = True) -> Iterator[Any]:
+        """An iterator over the epoch; `from_start=False`: the iteration continues a resumed epoch."""
+        if from_start and (self._iterator is None or not self.persistent_workers):
+            # torch's loader draws its base seed from the global RNG when an iterator starts; so does
+            # this one (then unused), so the model's random stream (dropout, sampling in generate)
+            # advances as under a plain DataLoader, as in transformers' runs. A resumed epoch does
+            # not draw: the checkpoint's RNG state was taken after its start's draw.
+            torch.empty((), dtype=torch.int64).random_()
         self.generator.manual_seed(_derive_seed("workers", self.seed, self.epoch, self.rank))
         iterator = super().__iter__()
         return _NamedTimeout(iterator, self.timeout) if self.timeout and self.num_workers > 0 else iterator
@@ -304,6 +316,14 @@ def load_iterable_resume_state(dataset: Any, state: Mapping[str, Any]) -> None:
     dataset.load_state_dict(state)
 
 
+def iterate_epoch(dataloader: Iterable[Any], from_start: bool) -> Iterator[Any]:
+    """An iterator over the loader; `from_start=False` when it continues a resumed epoch (an
+    `EpochSeededDataLoader` then does not draw its start's value from the global RNG again)."""
+    if isinstance(dataloader, EpochSeededDataLoader):
+        return dataloader.iterate(from_start=from_start)
+    return iter(dataloader)
+
+
 def skip_iterable(dataloader_or_iterable: Iterable[Any], num_batches: int) -> Iterator[Any]:
     """Iterator over what is left after ``num_batches`` batches, for data without a sampler.
 
@@ -312,7 +332,7 @@ def skip_iterable(dataloader_or_iterable: Iterable[Any], num_batches: int) -> It
     """
     if num_batches < 0:
         raise ValueError(f"skip_iterable: num_batches must be >= 0, got {num_batches}.")
-    iterator = iter(dataloader_or_iterable)
+    iterator = iterate_epoch(dataloader_or_iterable, from_start=num_batches == 0)
     if num_batches:
         warnings.warn(
             f"Skipping {num_batches} batches by iterating over them: the data has no sampler to start "

@@ -98,7 +98,7 @@ def split_between_processes(runtime: Any, inputs: Any, apply_padding: bool = Fal
     if not apply_padding or missing == 0:
         return part
     if isinstance(inputs, torch.Tensor):
-        return torch.cat([part, inputs[-1:].expand(missing, *inputs.shape[1:])])
+        return torch.cat([inputs[start:], inputs[-1:].expand(missing, *inputs.shape[1:])])
     return type(part)(list(part) + [inputs[-1]] * missing)
 
 

@@ -56,19 +56,35 @@ def train_dataloader(trainer: DataTrainer) -> torch.utils.data.DataLoader:
     """Training dataloader: resumable sampler, worker seeds fixed by (seed, epoch)."""
     if trainer.train_dataset is None:
         raise ValueError("Trainer: training requires a train_dataset.")
-    args = trainer.args
-    dataset = trainer._remove_unused_columns(trainer.train_dataset, description="training")
-    sampler = trainer._get_train_sampler(dataset)
-    return _loader(
-        trainer,
-        dataset,
-        args.per_device_train_batch_size,
-        sampler,
-        "training",
-        drop_last=args.dataloader_drop_last,
-        seed=args.data_seed if args.data_seed is not None else args.seed,
-        train=True,
+    batch_size = trainer.args.per_device_train_batch_size
+    return get_dataloader(
+        trainer, trainer.train_dataset, "training", batch_size, trainer._get_train_sampler, True
     )
+
+
+def get_dataloader(
+    trainer: DataTrainer,
+    dataset: Any,
+    description: str,
+    batch_size: int,
+    sampler_fn: Callable[[Any], Any] | None = None,
+    is_training: bool = False,
+    dataloader_key: str | None = None,
+) -> Any:
+    """upstream's `_get_dataloader`: `dataset` without the columns the model does not take, batches
+    of `batch_size` drawn by `sampler_fn(dataset)` (none for an iterable dataset), dealt to this
+    process; training loaders drop the last batch as `dataloader_drop_last` says and seed their
+    workers by `data_seed`; with `dataloader_key` and persistent workers, kept for reuse."""
+    args = trainer.args
+    dataset = trainer._remove_unused_columns(dataset, description=description)
+    iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+    sampler = sampler_fn(dataset) if sampler_fn is not None and not iterable else None
+    seed = args.data_seed if is_training and args.data_seed is not None else args.seed
+    drop_last = args.dataloader_drop_last if is_training else False
+    loader = _loader(trainer, dataset, batch_size, sampler, description, drop_last, seed, train=is_training)
+    if dataloader_key is not None and args.dataloader_persistent_workers:
+        trainer._eval_dataloaders[dataloader_key] = loader
+    return loader
 
 
 def _loader(
@@ -117,10 +133,8 @@ def eval_dataset_of(trainer: DataTrainer, eval_dataset: Any) -> Any:
 
 def inference_dataloader(trainer: DataTrainer, dataset: Any, description: str) -> torch.utils.data.DataLoader:
     """Evaluation or test dataloader: dataset order, dealt across processes, nothing dropped."""
-    args = trainer.args
-    dataset = trainer._remove_unused_columns(dataset, description=description)
-    sampler = trainer._get_eval_sampler(dataset)
-    return _loader(trainer, dataset, args.per_device_eval_batch_size, sampler, description, False, args.seed)
+    batch_size = trainer.args.per_device_eval_batch_size
+    return get_dataloader(trainer, dataset, description, batch_size, trainer._get_eval_sampler)
 
 
 def eval_dataloader(trainer: DataTrainer, eval_dataset: Any) -> torch.utils.data.DataLoader:

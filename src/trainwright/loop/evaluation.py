@@ -46,7 +46,8 @@ class EvalGatherer:
         self.runtime = runtime
         # each process's batch k is the k-th slice of global batch k (split/dispatch_batches)
         self.by_batch = by_batch
-        self._rows: list[int] = []
+        self._rows: list[int] = []  # rows of each batch's outputs
+        self._batch_samples: list[int] = []  # samples of each batch (its loss's weight)
         self.offload_every = max(int(offload_every), 1)
         self.keep_outputs = keep_outputs
         self._acc = {
@@ -57,12 +58,20 @@ class EvalGatherer:
         self._pending: list[tuple[str, Any]] = []
         self._batches = 0
         self._samples = 0
+        self.row_per_sample = True  # every batch had as many rows as samples (outputs are per sample)
 
-    def add(self, *, loss, batch_size: int, predictions=None, labels=None, inputs=None) -> None:
-        self._samples += batch_size
-        self._rows.append(batch_size)
+    def add(
+        self, *, loss, samples: int, rows: int | None = None, predictions=None, labels=None, inputs=None
+    ) -> None:
+        """One batch's results: its loss weighs as its `samples`; its outputs have `rows` rows (more
+        than its samples where the collator gives several rows per sample)."""
+        rows = samples if rows is None else rows
+        self._samples += samples
+        self._rows.append(rows)
+        self._batch_samples.append(samples)
+        self.row_per_sample = self.row_per_sample and rows == samples
         if loss is not None:
-            self._pending.append(("loss", loss.detach().float().reshape(1).repeat(batch_size)))
+            self._pending.append(("loss", loss.detach().float().reshape(1).repeat(samples)))
         if self.keep_outputs:
             for name, value in (("preds", predictions), ("labels", labels), ("inputs", inputs)):
                 if value is not None:
@@ -82,28 +91,44 @@ class EvalGatherer:
         layout = getattr(self.runtime, "layout", None)
         return gathered if layout is None else [gathered[r] for r in layout.data_leaders]
 
+    def _merge(self, local: dict[str, Any]) -> tuple[dict[str, Any], int, bool]:
+        """Every process's results in dataset order, the samples seen, and whether every process's
+        outputs had one row per sample. Per-sample losses are dealt
+        back sample by sample; outputs of several rows per sample batch by batch (their rows cannot be
+        dealt back one by one), as are all results of whole-batch dealing."""
+        gather = self.runtime.all_gather_object
+        parts = self._per_data_rank(gather(local))
+        rows = self._per_data_rank(gather(self._rows))
+        samples = self._per_data_rank(gather(self._batch_samples))
+        per_sample = all(gather(self.row_per_sample))
+        merged: dict[str, Any] = {}
+        for key in local:
+            values = [p[key] for p in parts]
+            if key == "losses":
+                merged[key] = in_batch_order(values, samples) if self.by_batch else interleave_shards(values)
+            elif per_sample and not self.by_batch:
+                merged[key] = interleave_shards(values)
+            elif self._acc["preds"].do_concat:
+                merged[key] = in_batch_order(values, rows)
+            else:
+                merged[key] = _chunks_in_batch_order(values)
+        return merged, sum(self._per_data_rank(gather(self._samples))), per_sample
+
     def finish(self, num_samples: int | None) -> EvalResult:
         """Concatenate once, reorder across processes and trim to `num_samples`."""
         self._flush()
         local = {name: acc.get_arrays() for name, acc in self._acc.items()}
         local["losses"] = self._losses.get_arrays()
         if self.runtime.distributed:
-            parts = self._per_data_rank(self.runtime.all_gather_object(local))
-            if self.by_batch:
-                rows = self._per_data_rank(self.runtime.all_gather_object(self._rows))
-                merged = {
-                    key: in_batch_order([p[key] for p in parts], rows)
-                    if key == "losses" or self._acc["preds"].do_concat
-                    else _chunks_in_batch_order([p[key] for p in parts])
-                    for key in local
-                }
-            else:
-                merged = {key: interleave_shards([p[key] for p in parts]) for key in local}
-            observed = sum(self._per_data_rank(self.runtime.all_gather_object(self._samples)))
+            merged, observed, per_sample = self._merge(local)
         else:
-            merged, observed = local, self._samples
+            merged, observed, per_sample = local, self._samples, self.row_per_sample
         n = num_samples if num_samples is not None else observed
-        merged = {k: nested_truncate(v, n) if v is not None else None for k, v in merged.items()}
+        # outputs of several rows per sample are kept as they came (nothing was repeated in them)
+        merged = {
+            k: nested_truncate(v, n) if v is not None and (k == "losses" or per_sample) else v
+            for k, v in merged.items()
+        }
         losses = merged["losses"]
         loss = None
         if losses is not None and len(losses):

@@ -205,18 +205,20 @@ def evaluation_loop(
     batch_metrics = args.batch_eval_metrics and trainer.compute_metrics is not None
     num_batches = len(dataloader) if data_utils.has_length(dataloader) else None
     metrics: dict[str, Any] = {}
-    for step, inputs, n in _real_batches(trainer, dataloader, num_batches):
+    for step, inputs, rows, samples in _real_batches(trainer, dataloader, num_batches, gatherer.keep_outputs):
         loss, logits, labels = trainer.prediction_step(
             model, inputs, prediction_loss_only, ignore_keys=ignore_keys
         )
-        if n == 0:  # a sharded model's forward is collective: it ran, its output is dropped
+        if samples == 0:  # a sharded model's forward is collective: it ran, its output is dropped
             continue
         if logits is not None and trainer.preprocess_logits_for_metrics is not None:
             logits = trainer.preprocess_logits_for_metrics(logits, labels)
         model_inputs = (
             inputs.get("input_ids") if "inputs" in include and isinstance(inputs, Mapping) else None
         )
-        gatherer.add(loss=loss, batch_size=n, predictions=logits, labels=labels, inputs=model_inputs)
+        gatherer.add(
+            loss=loss, samples=samples, rows=rows, predictions=logits, labels=labels, inputs=model_inputs
+        )
         if batch_metrics and logits is not None and labels is not None:
             assert trainer.compute_metrics is not None  # batch_metrics checks it
             metrics = trainer.compute_metrics(
@@ -246,12 +248,16 @@ def evaluation_loop(
     )
 
 
-def _real_batches(trainer: PredictionTrainer, dataloader: Any, num_batches: int | None) -> Iterator[tuple]:
-    """(step, batch, real rows) of the loader: rows the sampler repeated to even out processes are
-    cut before the forward, so they weigh in neither the loss nor the metrics (a batch of only such
-    rows is dropped, unless every process must run the forward: a sharded model). The loop's own
-    evaluation stops at a preemption (checked before every batch; with several processes a
-    collective, so only where every process has the same number of batches: a sized loader)."""
+def _real_batches(
+    trainer: PredictionTrainer, dataloader: Any, num_batches: int | None, keeps_outputs: bool
+) -> Iterator[tuple]:
+    """(step, batch, rows, samples) of the loader, cut to its real samples: samples the sampler
+    repeated to even out processes are cut before the forward, so they weigh in neither the loss nor
+    the metrics (a batch of only such samples is dropped, unless every process must run the forward:
+    a sharded model). A batch's samples are what the sampler put in it, not its rows: a collator may
+    give several rows per sample (preference pairs). The loop's own evaluation stops at a preemption
+    (checked before every batch; with several processes a collective, so only where every process
+    has the same number of batches: a sized loader)."""
     run, runtime = trainer._run, trainer.runtime
     stop = run is not None and run.eval_stops_on_preemption
     # even_batches=False may leave processes with different numbers of batches: no collective then
@@ -260,24 +266,57 @@ def _real_batches(trainer: PredictionTrainer, dataloader: Any, num_batches: int 
         or (num_batches is not None and len(set(runtime.all_gather_object(num_batches))) == 1)
     )
     collective = run is not None and run.engine.collective_forward
-    real_rows, dealt = rows_to_keep(dataloader), 0
+    counter = _SampleCounter(dataloader)
     for step, inputs in enumerate(dataloader):
         if stop and run is not None and run.preempted():
             signal_name = getattr(run.preemption.requested, "name", "a preemption signal")
             raise EvaluationPreempted(
                 f"Evaluation stopped by {signal_name} after {step} of {num_batches or '?'} batches"
             )
-        n = batch_size(inputs)
-        real_in_batch = getattr(dataloader, "real_rows_in_batch", None)  # a dispatched last batch
-        if real_in_batch is not None:
-            real_rows = dealt + real_in_batch
-        dealt += n
-        if real_rows is not None and dealt > real_rows:
-            keep = max(real_rows - (dealt - n), 0)
+        rows = batch_size(inputs)
+        samples, keep = counter.count(rows, getattr(dataloader, "real_rows_in_batch", None))
+        if keep < samples:
             if keep == 0 and not collective:
                 continue
-            inputs, n = (take_rows(inputs, keep), keep) if keep else (inputs, 0)
-        yield step, inputs, n
+            inputs, rows = _cut_to(inputs, rows, samples, keep, keeps_outputs)
+        yield step, inputs, rows if keep else 0, keep
+
+
+class _SampleCounter:
+    """Samples per evaluation batch: from the sampler's geometry when trainwright's sampler cuts the
+    batches (each holds `batch_size` samples but the last), else the batch's rows; and how many of
+    them are real (not the sampler's repeats)."""
+
+    def __init__(self, dataloader: Any) -> None:
+        self.geometry = data_utils.sampler_geometry(dataloader)
+        self.real = rows_to_keep(dataloader)
+        self.dealt = 0
+
+    def count(self, rows: int, real_in_batch: int | None) -> tuple[int, int]:
+        """(samples in this batch, real ones among them)."""
+        geometry = self.geometry
+        samples = min(geometry[0], geometry[1] - self.dealt) if geometry else rows
+        if real_in_batch is not None:  # a dispatched last batch says it itself
+            self.real = self.dealt + real_in_batch
+        self.dealt += samples
+        if self.real is None or self.dealt <= self.real:
+            return samples, samples
+        return samples, max(self.real - (self.dealt - samples), 0)
+
+
+def _cut_to(inputs: Any, rows: int, samples: int, keep: int, keeps_outputs: bool) -> tuple[Any, int]:
+    """A batch cut to its first `keep` samples, and its rows then."""
+    if rows == samples:
+        return (take_rows(inputs, keep), keep) if keep else (inputs, rows)
+    if not keeps_outputs:  # the loss is weighted by the real samples; the rows themselves stay
+        return inputs, rows
+    raise ValueError(
+        f"Evaluation: a batch of {samples} samples came as {rows} rows (the collator gives several rows "
+        f"per sample), and {samples - keep} of its samples are the sampler's repeats to even out "
+        "processes, which cannot be told apart among the rows. Evaluate with "
+        "accelerator_config={'even_batches': False} (no repeats), or a dataset whose length divides by "
+        "per_device_eval_batch_size x processes."
+    )
 
 
 def _metrics_of(trainer: PredictionTrainer, result: Any, include: set[str]) -> dict[str, Any] | None:

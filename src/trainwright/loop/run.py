@@ -145,7 +145,9 @@ class TrainingRun:
             return iter(dataloader)
         skip = 0 if self.iterable_restored else self.cursor.batch_in_epoch
         self.iterable_restored = False
-        return data_utils.skip_iterable(dataloader, skip) if skip else iter(dataloader)
+        if skip:
+            return data_utils.skip_iterable(dataloader, skip)
+        return data_utils.iterate_epoch(dataloader, from_start=self.cursor.batch_in_epoch == 0)
 
     def train_mode(self, model: nn.Module) -> None:
         """Model (and a schedule-free optimizer) in training mode: after an evaluation they are not."""

@@ -194,6 +194,21 @@ class TrainerAPI(TrainerSetup):
         """Evaluation dataloader (a name selects one of a dict of eval datasets)."""
         return dataloaders.eval_dataloader(self, eval_dataset)
 
+    def _get_dataloader(
+        self,
+        dataset: Dataset,
+        description: str,
+        batch_size: int,
+        sampler_fn: Callable[[Dataset], torch.utils.data.Sampler] | None = None,
+        is_training: bool = False,
+        dataloader_key: str | None = None,
+    ) -> torch.utils.data.DataLoader:
+        """A data loader of `dataset` as the Trainer builds its own (upstream's helper, which
+        subclasses such as TRL's GRPOTrainer call with their own batch size and sampler)."""
+        return dataloaders.get_dataloader(
+            self, dataset, description, batch_size, sampler_fn, is_training, dataloader_key
+        )
+
     def get_test_dataloader(self, test_dataset: Dataset) -> torch.utils.data.DataLoader:
         return dataloaders.inference_dataloader(self, test_dataset, "test")
 

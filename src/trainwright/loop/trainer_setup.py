@@ -30,7 +30,7 @@ from trainwright.core.events import CallbackHandler, TrainerCallback
 from trainwright.core.runtime import Runtime, get_runtime
 from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import TrainerControl, TrainerState
-from trainwright.distributed import context_parallel, parallelism
+from trainwright.distributed import accelerate_state, context_parallel, parallelism
 from trainwright.distributed.output_lock import create_output_dir
 from trainwright.loop import dataloaders, hub
 from trainwright.loop.accelerator_facade import RuntimeAccelerator
@@ -124,6 +124,7 @@ class TrainerSetup:
             processing_class = processing_class if processing_class is not None else tokenizer
         self.runtime = get_runtime(use_cpu=args.use_cpu, backend=args.ddp_backend, timeout_s=args.ddp_timeout)
         self._accelerator = RuntimeAccelerator(self)
+        accelerate_state.share_with_accelerate(args, self.runtime)  # for libraries that read it (TRL)
         parallelism.set_up(args, self.runtime)  # parallelism_config's DeviceMesh (or none)
         _set_log_level(args)
         if DebugOption.TPU_METRICS_DEBUG in args.debug:
