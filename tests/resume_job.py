@@ -87,7 +87,12 @@ def main(cfg: dict) -> None:
     )
     callbacks = [SlowDown(cfg.get("announce_pause", 0.0))] if cfg.get("announce") else []
     if cfg.get("early_stopping"):
-        callbacks.append(EarlyStoppingCallback(early_stopping_patience=cfg["early_stopping"]))
+        callbacks.append(
+            EarlyStoppingCallback(
+                early_stopping_patience=cfg["early_stopping"],
+                early_stopping_threshold=cfg.get("early_stopping_threshold", 0.0),
+            )
+        )
     torch.manual_seed(0)  # the model is built before the Trainer seeds anything
     trainer = Trainer(
         model=Net(),

@@ -300,7 +300,9 @@ def test_rotation_keeps_best_and_newest_and_load_best_model_at_end(make_args, tm
 
 def test_early_stopping_state_survives_resume(tmp_path):
     ref = str(tmp_path / "ref")
-    run_job({"output_dir": ref, "eval": True, "eval_steps": 1, "early_stopping": 4, "epochs": 6})
+    # a threshold, so that where it stops does not hang on how slowly the loss creeps down
+    stopping = {"eval": True, "eval_steps": 1, "early_stopping": 3, "early_stopping_threshold": 0.05, "epochs": 6}
+    run_job({"output_dir": ref, **stopping})
     ref_res, ref_w = result(ref)
     steps = ref_res["global_step"]
     assert steps < 30  # it did stop early
@@ -312,9 +314,7 @@ def test_early_stopping_state_survives_resume(tmp_path):
     shutil.copytree(
         os.path.join(ref, f"checkpoint-{steps - 2}"), os.path.join(out, f"checkpoint-{steps - 2}")
     )
-    run_job(
-        {"output_dir": out, "eval": True, "eval_steps": 1, "early_stopping": 4, "epochs": 6, "resume": True}
-    )
+    run_job({"output_dir": out, **stopping, "resume": True})
     res, w = result(out)
     assert res["global_step"] == steps  # without the restored counter it would train longer
     for k in ref_w:
