@@ -2,14 +2,14 @@
 transformers' `save_pretrained`, and loading either (or `pytorch_model.bin`, weights-only) back.
 
 * `save_model_weights(model, directory, *, max_shard_size="5GB", state_dict=None, is_main_process=True)`:
-  a transformers `PreTrainedModel` goes through `save_pretrained` (so `from_pretrained` reads it); any
+  a PEFT model is saved as its adapter (`adapters.py`); a transformers `PreTrainedModel` goes through `save_pretrained` (so `from_pretrained` reads it); any
   other module is written with safetensors (`{"format": "pt"}` metadata), one name kept per shared
   storage and the other names recorded as aliases, sharded above `max_shard_size` by
   `huggingface_hub.split_torch_state_dict_into_shards` as `save_pretrained` shards (the same
   `model-0000i-of-0000n.safetensors` files, byte for byte, and `model.safetensors.index.json`); each
   file is fsynced and its metadata sorted, so a save from a snapshot gives the same bytes.
 * `load_model_weights(model, directory, strict=True) -> WeightsLoadResult`: reads what
-  `save_model_weights` or transformers wrote (`model.safetensors`, its sharded index, or
+  `save_model_weights` or transformers wrote (a PEFT model: its adapters) (`model.safetensors`, its sharded index, or
   `pytorch_model.bin` through `torch.load(weights_only=True)`); keys and shapes are checked before any
   weight is copied, and in a folder with a manifest (`checkpoint_complete.json`) only the files it
   lists are read.
@@ -33,6 +33,7 @@ from huggingface_hub import split_torch_state_dict_into_shards
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from trainwright.checkpoint import adapters
 from trainwright.checkpoint.files import (
     PT_WEIGHTS_INDEX_NAME,
     PT_WEIGHTS_NAME,
@@ -76,7 +77,10 @@ def _preview(keys: Iterable[str], limit: int = 10) -> str:
 
 
 def model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict `save_model_weights(model, ...)` writes when given none (of the unwrapped model)."""
+    """The state dict `save_model_weights(model, ...)` writes from when given none (of the unwrapped
+    model; of a PEFT model, the part its adapters are saved from)."""
+    if adapters.is_peft_model(model):
+        return adapters.staged_state_dict(model)
     return unwrap_model(model).state_dict()
 
 
@@ -207,6 +211,9 @@ def save_model_weights(
     directory = os.fspath(directory)
     max_bytes = parse_size(max_shard_size)
     model = unwrap_model(model)
+    if adapters.is_peft_model(model):  # its adapter, as transformers saves a PEFT model
+        adapters.save_adapters(model, directory, state_dict=state_dict, is_main_process=is_main_process)
+        return
     if _is_pretrained_model(model):
         kwargs: dict[str, Any] = {"is_main_process": is_main_process, "state_dict": state_dict}
         if "safe_serialization" in inspect.signature(model.save_pretrained).parameters:
@@ -406,8 +413,11 @@ def load_model_weights(
     has a manifest, a weight file or index it does not list (added after the checkpoint was written)
     is refused naming it.
     """
-    found = _find_weight_files(os.fspath(directory))
     model = unwrap_model(model)
+    if adapters.is_peft_model(model):  # its adapters, as transformers loads a PEFT model's checkpoint
+        adapters.load_adapters(model, os.fspath(directory))
+        return WeightsLoadResult([], [])
+    found = _find_weight_files(os.fspath(directory))
     own = model.state_dict()
     stored = _read_stored(found)
     missing, unexpected = _key_mismatch(own, stored.present)

@@ -206,7 +206,7 @@ class OptimizerPart:
             resume.check_optimizer_matches(self.trainer.args, self.optimizer, saved, folder, custom)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state_dict)
+        self.optimizer.load_state_dict(resume.align_empty_groups(state_dict, self.optimizer))
 
 
 class SchedulerPart:

@@ -100,8 +100,9 @@ def check_optimizer_matches(
         if groups_saved
         else []
     )
-    layout_now = [len(g["params"]) for g in groups_now]
-    layout_saved = [len(g["params"]) for g in groups_saved]
+    # empty groups aside: transformers keeps an empty no-decay group; older trainwright checkpoints lack it
+    layout_now = [len(g["params"]) for g in groups_now if g["params"]]
+    layout_saved = [len(g["params"]) for g in groups_saved if g["params"]]
     problems = []
     if saved_name is not None and not custom_optimizer and _optim_name(saved_name) != now_name:
         problems.append(f"it was written with optim={saved_name!r}, this run has optim={now_name!r}")
@@ -116,6 +117,18 @@ def check_optimizer_matches(
             + ". Resume with the checkpoint's optim (and the same model and trainable parameters), or pass "
             "save_only_model=True to resume the weights with a fresh optimizer."
         )
+
+
+def align_empty_groups(saved: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """`saved` (an optimizer's state dict that `check_optimizer_matches` accepted) with the parameter
+    groups of `optimizer`: an empty group it lacks is added (the optimizer's own, no state), an empty
+    group the optimizer lacks is dropped; the groups holding parameters are untouched."""
+    groups = saved.get("param_groups", [])
+    if len(groups) == len(optimizer.param_groups):
+        return saved
+    filled = iter(g for g in groups if g["params"])
+    aligned = [next(filled) if g["params"] else {**g, "params": []} for g in optimizer.param_groups]
+    return {**saved, "param_groups": aligned}
 
 
 def _optim_name(value: Any) -> str:

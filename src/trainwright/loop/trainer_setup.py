@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import Dataset, IterableDataset
 
 from trainwright import data as data_utils
+from trainwright.args import foreign
 from trainwright.args.training_args import TrainingArguments
 from trainwright.callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCallback
 from trainwright.callbacks.jit_checkpoint import jit_checkpoint_callbacks
@@ -116,8 +117,8 @@ class TrainerSetup:
         preprocess_logits_for_metrics: Callable | None = None,
         tokenizer: Any = None,
     ):
-        if args is None:
-            args = TrainingArguments(output_dir="tmp_trainer")
+        # transformers' own arguments are converted (a library's subclass of them is refused)
+        args = TrainingArguments(output_dir="tmp_trainer") if args is None else foreign.coerce(args)
         self.args = args
         if tokenizer is not None:
             warnings.warn("`tokenizer` is deprecated: pass `processing_class`.", FutureWarning, stacklevel=2)

@@ -49,7 +49,9 @@ def get_decay_parameter_names(model: nn.Module) -> list[str]:
 def decay_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Param groups for an optimizer: `weight_decay` for decayed params, 0.0 for biases and norms.
 
-    Only parameters with `requires_grad` are included; an empty group is left out.
+    Only parameters with `requires_grad` are included. Both groups are kept, an empty one too (a LoRA
+    adapter has no bias or norm), as transformers builds them: optimizer files then load across the
+    two libraries.
     """
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not trainable:
@@ -61,4 +63,4 @@ def decay_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, 
         {"params": [p for n, p in trainable if n in decay], "weight_decay": weight_decay},
         {"params": [p for n, p in trainable if n not in decay], "weight_decay": 0.0},
     ]
-    return [g for g in groups if g["params"]]
+    return groups
