@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -39,9 +39,9 @@ def is_peft_model(model: Any) -> bool:
 
 
 def save_adapters(
-    model: torch.nn.Module,
+    model: Any,
     directory: str,
-    state_dict: dict[str, torch.Tensor] | None = None,
+    state_dict: Mapping[str, torch.Tensor] | None = None,
     is_main_process: bool = True,
 ) -> None:
     """`model.save_pretrained(directory)`: every adapter's config and weights (from `state_dict`, the
@@ -111,7 +111,7 @@ def _checked_files(folder: str) -> None:
             check_listed(folder, [path])
 
 
-def load_adapters(model: torch.nn.Module, directory: str) -> None:
+def load_adapters(model: Any, directory: str) -> None:
     """Load every adapter saved in `directory` into the PEFT `model` (the active one trainable), as
     transformers resumes and reloads the best model; an adapter whose weights do not match the
     model's is refused naming the folder."""
