@@ -301,7 +301,13 @@ def test_rotation_keeps_best_and_newest_and_load_best_model_at_end(make_args, tm
 def test_early_stopping_state_survives_resume(tmp_path):
     ref = str(tmp_path / "ref")
     # a threshold, so that where it stops does not hang on how slowly the loss creeps down
-    stopping = {"eval": True, "eval_steps": 1, "early_stopping": 3, "early_stopping_threshold": 0.05, "epochs": 6}
+    stopping = {
+        "eval": True,
+        "eval_steps": 1,
+        "early_stopping": 3,
+        "early_stopping_threshold": 0.05,
+        "epochs": 6,
+    }
     run_job({"output_dir": ref, **stopping})
     ref_res, ref_w = result(ref)
     steps = ref_res["global_step"]

@@ -14,7 +14,6 @@ PEFT is imported only when a model is one of its classes (`peft` already importe
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -27,15 +26,6 @@ from trainwright.core.modules import unwrap_model
 ADAPTER_CONFIG_NAME = "adapter_config.json"
 ADAPTER_SAFE_WEIGHTS_NAME = "adapter_model.safetensors"
 ADAPTER_WEIGHTS_NAME = "adapter_model.bin"
-
-
-def is_peft_model(model: Any) -> bool:
-    """Whether `model` (inside DDP / compile wrappers) is a `peft.PeftModel` or `PeftMixedModel`."""
-    peft = sys.modules.get("peft")
-    if peft is None:
-        return False
-    classes = tuple(c for c in (getattr(peft, "PeftModel", None), getattr(peft, "PeftMixedModel", None)) if c)
-    return isinstance(unwrap_model(model), classes)
 
 
 def save_adapters(
@@ -101,6 +91,27 @@ def has_adapter(directory: str) -> bool:
     return os.path.isfile(os.path.join(directory, ADAPTER_CONFIG_NAME)) and _has_weights(directory)
 
 
+def require_adapter(directory: str) -> None:
+    """Refuse a folder without a saved adapter (a PEFT model resumes from its adapter), naming what
+    it holds instead."""
+    if has_adapter(directory) or any(
+        has_adapter(os.path.join(directory, n))
+        for n in os.listdir(directory)
+        if os.path.isdir(os.path.join(directory, n))
+    ):
+        return
+    full = [
+        n
+        for n in ("model.safetensors", "model.safetensors.index.json")
+        if os.path.isfile(os.path.join(directory, n))
+    ]
+    hint = f" (it holds {full[0]}: a whole model's weights, not a PEFT adapter)" if full else ""
+    raise CheckpointFileNotFoundError(
+        f"no adapter in {directory}{hint}: the model is a PEFT model, which is saved and resumed as its "
+        f"adapter ({ADAPTER_CONFIG_NAME} + {ADAPTER_SAFE_WEIGHTS_NAME})"
+    )
+
+
 def _checked_files(folder: str) -> None:
     """Refuse links and files a manifest does not list, before PEFT reads them."""
     for name in (ADAPTER_CONFIG_NAME, ADAPTER_SAFE_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME):
@@ -118,18 +129,8 @@ def load_adapters(model: Any, directory: str) -> None:
     model = unwrap_model(model)
     if not os.path.isdir(directory):
         raise CheckpointFileNotFoundError(f"checkpoint folder {directory} does not exist")
+    require_adapter(directory)
     found = list(_adapter_folders(directory, model))
-    if not found:
-        full = [
-            n
-            for n in ("model.safetensors", "model.safetensors.index.json")
-            if os.path.isfile(os.path.join(directory, n))
-        ]
-        hint = f" (it holds {full[0]}: a whole model's weights, not a PEFT adapter)" if full else ""
-        raise CheckpointFileNotFoundError(
-            f"no adapter in {directory}{hint}: the model is a PEFT model, which is saved and resumed as its "
-            f"adapter ({ADAPTER_CONFIG_NAME} + {ADAPTER_SAFE_WEIGHTS_NAME})"
-        )
     active = _active_adapter(model)
     for name, folder in found:
         _checked_files(folder)
@@ -138,7 +139,10 @@ def load_adapters(model: Any, directory: str) -> None:
         except (RuntimeError, ValueError, KeyError) as exc:  # shapes or configs that do not fit
             raise CheckpointError(f"the adapter in {folder} does not fit the model: {exc}") from exc
         missing = list(getattr(result, "missing_keys", []) or [])
-        unexpected = list(getattr(result, "unexpected_keys", []) or [])
+        # a prompt-learning adapter's weights are loaded by its prompt encoder (strictly), after the
+        # model's own load_state_dict has listed them as unexpected
+        prompt = getattr(model.peft_config.get(name), "is_prompt_learning", False)
+        unexpected = [] if prompt else list(getattr(result, "unexpected_keys", []) or [])
         if missing or unexpected:
             raise CheckpointError(
                 f"the adapter {name!r} in {folder} does not match the model: missing {sorted(missing)[:5]}, "

@@ -50,7 +50,7 @@ from trainwright.checkpoint.files import (
     writing_file,
 )
 from trainwright.checkpoint.manifest import check_listed
-from trainwright.core.modules import unwrap_model
+from trainwright.core.modules import is_peft_model, unwrap_model
 from trainwright.core.units import parse_size
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ def _preview(keys: Iterable[str], limit: int = 10) -> str:
 def model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The state dict `save_model_weights(model, ...)` writes from when given none (of the unwrapped
     model; of a PEFT model, the part its adapters are saved from)."""
-    if adapters.is_peft_model(model):
+    if is_peft_model(model):
         return adapters.staged_state_dict(model)
     return unwrap_model(model).state_dict()
 
@@ -211,7 +211,7 @@ def save_model_weights(
     directory = os.fspath(directory)
     max_bytes = parse_size(max_shard_size)
     model = unwrap_model(model)
-    if adapters.is_peft_model(model):  # its adapter, as transformers saves a PEFT model
+    if is_peft_model(model):  # its adapter, as transformers saves a PEFT model
         adapters.save_adapters(model, directory, state_dict=state_dict, is_main_process=is_main_process)
         return
     if _is_pretrained_model(model):
@@ -414,7 +414,7 @@ def load_model_weights(
     is refused naming it.
     """
     model = unwrap_model(model)
-    if adapters.is_peft_model(model):  # its adapters, as transformers loads a PEFT model's checkpoint
+    if is_peft_model(model):  # its adapters, as transformers loads a PEFT model's checkpoint
         adapters.load_adapters(model, os.fspath(directory))
         return WeightsLoadResult([], [])
     found = _find_weight_files(os.fspath(directory))

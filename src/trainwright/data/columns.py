@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from trainwright.core.modules import unwrap_model
+from trainwright.core.modules import without_peft
 from trainwright.data.kinds import LABEL_KEYS, is_hf_map_dataset
 
 logger = logging.getLogger(__name__)
@@ -17,7 +17,7 @@ logger = logging.getLogger(__name__)
 def forward_arg_names(model: Any, label_names: Iterable[str] = ()) -> set[str]:
     """Named parameters of ``model.forward`` plus "label", "label_ids" and ``label_names``:
     the batch keys the model can be given."""
-    params = inspect.signature(unwrap_model(model).forward).parameters.values()
+    params = inspect.signature(without_peft(model).forward).parameters.values()
     named = {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
     return named | set(LABEL_KEYS) | set(label_names)
 

@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainwright.core.modules import unwrap_model
 from trainwright.data.collators import PaddingCollator, _pad_sequences, default_data_collator
-from trainwright.data.columns import forward_arg_names, unwrap_model
+from trainwright.data.columns import forward_arg_names
 from trainwright.data.kinds import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)

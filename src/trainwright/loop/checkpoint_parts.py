@@ -28,10 +28,12 @@ import torch
 from torch import nn
 
 import trainwright.checkpoint as ckpt
+from trainwright.checkpoint import adapters
 from trainwright.checkpoint.layout import spec
 from trainwright.checkpoint.rng import RngState
 from trainwright.checkpoint.weights import model_state_dict
 from trainwright.core.events import CallbackHandler
+from trainwright.core.modules import is_peft_model
 from trainwright.core.state import ExportableState, LoopCursor, TrainerControl, TrainerState
 from trainwright.loop import resume
 from trainwright.loop.run import TrainingRun
@@ -146,6 +148,11 @@ class ModelFiles:
             self.trainer.save_model(folder, _internal_call=True)
         elif self.main:  # what save_model(_internal_call=True) does, without gathering the weights again
             self.trainer._save(folder, state_dict=self.weights)
+
+    def check(self, saved: Any, folder: str) -> None:
+        """A PEFT model resumes from an adapter: a folder without one is refused before anything loads."""
+        if not self.describe_only and is_peft_model(self.trainer.model):
+            adapters.require_adapter(folder)
 
     def load(self, folder: str) -> None:
         if not self.describe_only:

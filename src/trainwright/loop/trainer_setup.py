@@ -28,6 +28,7 @@ from trainwright.callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCa
 from trainwright.callbacks.jit_checkpoint import jit_checkpoint_callbacks
 from trainwright.core.enums import DebugOption
 from trainwright.core.events import CallbackHandler, TrainerCallback
+from trainwright.core.modules import without_peft
 from trainwright.core.runtime import Runtime, get_runtime
 from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import TrainerControl, TrainerState
@@ -234,7 +235,7 @@ class TrainerSetup:
 
     @staticmethod
     def _find_labels(model: nn.Module) -> list[str]:
-        name = type(model).__name__
+        name = type(without_peft(model)).__name__
         params = _forward_params(model)
         if "QuestionAnswering" in name:
             return [p for p in params if "label" in p or p in ("start_positions", "end_positions")]
@@ -431,7 +432,7 @@ def _signature_params(fn: Callable) -> list:
 def _forward_params(model: nn.Module) -> list[str]:
     import inspect
 
-    return list(inspect.signature(model.forward).parameters)
+    return list(inspect.signature(without_peft(model).forward).parameters)  # a PEFT model's base, as upstream
 
 
 def _has_targets(batch: Any, label_shift: bool) -> bool:

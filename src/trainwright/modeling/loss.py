@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from trainwright.core.modules import unwrap_model
+from trainwright.core.modules import is_peft_model, unwrap_model
 
 
 def model_accepts_loss_kwargs(model: torch.nn.Module) -> bool | None:
@@ -206,7 +206,23 @@ def batch_size(inputs: Any) -> int:
 
 
 def label_shift_for(model: torch.nn.Module) -> bool:
+    """Whether counting a batch's label targets drops each row's first label (the causal shift). Not
+    for a PEFT prompt-learning causal LM that prepends virtual tokens (prompt tuning, P-tuning): the
+    last virtual token predicts the first label, so every label is a target."""
+    if prepends_virtual_tokens(model):
+        return False
     return bool(getattr(model, "label_shift", False)) or is_causal_lm(model)
+
+
+def prepends_virtual_tokens(model: Any) -> bool:
+    """A PEFT model whose active adapter puts learned tokens before the inputs (and -100 before the
+    labels): prompt learning other than prefix tuning, which passes its prefix as past keys instead."""
+    model = unwrap_model(model)
+    if not is_peft_model(model):
+        return False
+    config = model.peft_config.get(getattr(model, "active_adapter", "default"))
+    kind = getattr(getattr(config, "peft_type", None), "value", None)
+    return bool(getattr(config, "is_prompt_learning", False)) and kind != "PREFIX_TUNING"
 
 
 class LabelSmoother:
