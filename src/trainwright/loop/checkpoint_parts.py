@@ -323,7 +323,8 @@ class DataState:
         args, run = self.trainer.args, self.run
         cursor = LoopCursor.from_dict(saved["cursor"])
         cursor.steps_in_epoch = run.cursor.steps_in_epoch
-        batch = run.geometry[0] if run.geometry else args.per_device_train_batch_size
+        loader_batch = getattr(run.dataloader, "batch_size", None)  # a subclass's loader may batch otherwise
+        batch = run.geometry[0] if run.geometry else loader_batch or args.per_device_train_batch_size
         resume.rescale_position(cursor, saved, run.runtime.data_world_size, batch)
         return cursor
 

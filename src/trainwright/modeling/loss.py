@@ -185,7 +185,8 @@ def has_no_targets(inputs: Any, label_shift: bool) -> bool:
 def batch_size(inputs: Any) -> int:
     """Number of samples in a batch: the first dimension of its first tensor, or, for a packed
     batch (one row of concatenated sequences with ``position_ids``, as made by transformers'
-    ``DataCollatorWithFlattening``), the number of sequences in it."""
+    ``DataCollatorWithFlattening``), the number of sequences in it; a list of samples left
+    uncollated (mappings), its length."""
     if isinstance(inputs, torch.Tensor):
         return inputs.shape[0] if inputs.dim() else 1
     values: Iterable[Any]
@@ -196,6 +197,8 @@ def batch_size(inputs: Any) -> int:
             return int((positions == 0).sum()) or 1  # a packed row: its sequences start at 0
         values = inputs.values()
     elif isinstance(inputs, (list, tuple)):
+        if inputs and all(isinstance(v, Mapping) for v in inputs):
+            return len(inputs)  # the samples themselves, uncollated (TRL's GRPO batches)
         values = inputs
     else:
         return 1
