@@ -141,3 +141,12 @@ def make_args(tmp_path):
         return TrainingArguments(**kw)
 
     return make
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface (for a torchrun's --master_port)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -8,7 +8,6 @@ import io
 import json
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ import time
 
 import pytest
 import torch
+from conftest import free_port
 from test_checkpoint_faults import _ZYGOTE_PREAMBLE
 
 import trainwright.checkpoint as ckpt
@@ -527,12 +527,6 @@ _DIST_JOB = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun(script, *args, timeout: float = 240) -> None:
     env = {
         k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")
@@ -544,7 +538,7 @@ def _torchrun(script, *args, timeout: float = 240) -> None:
         "torch.distributed.run",
         "--nproc_per_node=2",
         "--master_addr=127.0.0.1",
-        f"--master_port={_free_port()}",
+        f"--master_port={free_port()}",
         str(script),
         *map(str, args),
     ]

@@ -19,7 +19,6 @@ import json
 import os
 import queue
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
+from conftest import free_port
 from safetensors.torch import load_file
 
 import trainwright
@@ -107,12 +107,6 @@ ONE_PROCESS = {
 
 
 # ------------------------------------------------------------------------------------ launching
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _env() -> dict:
     env = {
         k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")

@@ -72,8 +72,12 @@ def build(scenario: str, tok, out: str, cfg: dict, **overrides):
         args = trl.SFTConfig(**kw)
         peft = lora if scenario == "sft_lora" else None
         return trl.SFTTrainer(
-            model=eco.llama(tok), args=args, train_dataset=eco.completions(), eval_dataset=eco.completions(8, 9),
-            peft_config=peft, **common,
+            model=eco.llama(tok),
+            args=args,
+            train_dataset=eco.completions(),
+            eval_dataset=eco.completions(8, 9),
+            peft_config=peft,
+            **common,
         )
     if scenario.startswith("dpo"):
         args = trl.DPOConfig(**kw)
@@ -89,15 +93,22 @@ def build(scenario: str, tok, out: str, cfg: dict, **overrides):
     if scenario == "reward":
         args = trl.RewardConfig(**kw)
         return trl.RewardTrainer(
-            model=eco.llama_classifier(tok), args=args, train_dataset=eco.preferences(),
-            eval_dataset=eco.preferences(8, 9), **common,
+            model=eco.llama_classifier(tok),
+            args=args,
+            train_dataset=eco.preferences(),
+            eval_dataset=eco.preferences(8, 9),
+            **common,
         )
     if scenario == "grpo":
         kw.update(num_generations=4, max_completion_length=8)
         args = trl.GRPOConfig(**kw)
         return trl.GRPOTrainer(
-            model=eco.llama(tok), reward_funcs=reward_len, args=args, train_dataset=eco.prompts(),
-            eval_dataset=eco.prompts(8, 9), **common,
+            model=eco.llama(tok),
+            reward_funcs=reward_len,
+            args=args,
+            train_dataset=eco.prompts(),
+            eval_dataset=eco.prompts(8, 9),
+            **common,
         )
     raise ValueError(f"unknown scenario {scenario!r}")
 
@@ -125,7 +136,9 @@ def file_bytes(path: str) -> bytes:
 
 def weight_files_equal(a: str, b: str) -> bool:
     names = [n for n in os.listdir(a) if n.endswith((".safetensors", ".pt", "adapter_config.json"))]
-    return bool(names) and all(file_bytes(os.path.join(a, n)) == file_bytes(os.path.join(b, n)) for n in names)
+    return bool(names) and all(
+        file_bytes(os.path.join(a, n)) == file_bytes(os.path.join(b, n)) for n in names
+    )
 
 
 def run_scenario(scenario: str, tok, cfg: dict) -> dict:
@@ -133,7 +146,10 @@ def run_scenario(scenario: str, tok, cfg: dict) -> dict:
     if cfg.get("only_resume"):
         trainer = build(scenario, tok, out, cfg)
         trainer.train(resume_from_checkpoint=True)
-        return {"weights_file": save_weights(trainer, out, "resumed"), "global_step": trainer.state.global_step}
+        return {
+            "weights_file": save_weights(trainer, out, "resumed"),
+            "global_step": trainer.state.global_step,
+        }
     trainer = build(scenario, tok, out, cfg)
     trainer.train()
     trainer.save_model()
@@ -168,8 +184,19 @@ def accumulation(tok, cfg: dict) -> dict:
     runs = {}
     for bs, ga in ((4, 1), (2, 2)):
         out = os.path.join(cfg["root"], f"sft_ga{ga}")
-        trainer = build("sft", tok, out, cfg, per_device_train_batch_size=bs, gradient_accumulation_steps=ga,
-                        max_steps=1, eval_strategy="no", save_strategy="no", learning_rate=1e-2, optim="sgd")
+        trainer = build(
+            "sft",
+            tok,
+            out,
+            cfg,
+            per_device_train_batch_size=bs,
+            gradient_accumulation_steps=ga,
+            max_steps=1,
+            eval_strategy="no",
+            save_strategy="no",
+            learning_rate=1e-2,
+            optim="sgd",
+        )
         trainer.train()
         runs[ga] = (weights(trainer), trainer.state.log_history[0]["loss"])
     (w1, l1), (w2, l2) = runs[1], runs[2]

@@ -61,13 +61,18 @@ def _holders(originals: dict[str, Any]) -> dict[str, list[str]]:
     transformers' classes or a subclass of one defined there."""
     bases = tuple(originals.values())
     holders: dict[str, list[str]] = {}
+    seen: set[int] = set()
     for module_name, module in list(sys.modules.items()):
         if not isinstance(module, ModuleType) or module_name.split(".")[0] in ("transformers", "trainwright"):
             continue
+        if id(module) in seen:  # an alias (multiprocessing's __mp_main__ for __main__)
+            continue
+        seen.add(id(module))
         names = []
         for attr, value in list(vars(module).items()):
+            # type(value), not isinstance: some module attributes warn when their class is asked for
             if any(value is base for base in bases) or (
-                isinstance(value, type) and issubclass(value, bases) and value.__module__ == module_name
+                issubclass(type(value), type) and issubclass(value, bases) and value.__module__ == module_name
             ):
                 names.append(attr)
         if names:

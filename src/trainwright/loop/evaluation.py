@@ -6,8 +6,9 @@ processes the per-process results are exchanged once at the end and interleaved 
 dataset's order (the evaluation sampler deals sample i to data-parallel rank i % ranks, and of the
 processes sharing a rank's batch (tensor-parallel peers) the first one's results count; with
 `accelerator_config`'s split_batches or dispatch_batches, each process's batch is its slice of a
-global batch, put back batch by batch); the samples repeated to even out the last batch are then
-dropped, so metrics equal one process's.
+global batch, put back batch by batch). The samples the sampler repeats to even out the last batch
+are cut before the forward (`prediction.py`), so metrics equal one process's. A batch's loss weighs
+as its samples; where a collator gives several rows per sample, outputs are put back batch by batch.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from trainwright.core.runtime import Runtime
-from trainwright.observe.metrics import EvalAccumulator, nested_truncate
+from trainwright.observe.metrics import EvalAccumulator
 
 
 @dataclass
@@ -91,9 +92,8 @@ class EvalGatherer:
         layout = getattr(self.runtime, "layout", None)
         return gathered if layout is None else [gathered[r] for r in layout.data_leaders]
 
-    def _merge(self, local: dict[str, Any]) -> tuple[dict[str, Any], int, bool]:
-        """Every process's results in dataset order, the samples seen, and whether every process's
-        outputs had one row per sample. Per-sample losses are dealt
+    def _merge(self, local: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """Every process's results in dataset order, and the samples seen. Per-sample losses are dealt
         back sample by sample; outputs of several rows per sample batch by batch (their rows cannot be
         dealt back one by one), as are all results of whole-batch dealing."""
         gather = self.runtime.all_gather_object
@@ -112,23 +112,19 @@ class EvalGatherer:
                 merged[key] = in_batch_order(values, rows)
             else:
                 merged[key] = _chunks_in_batch_order(values)
-        return merged, sum(self._per_data_rank(gather(self._samples))), per_sample
+        return merged, sum(self._per_data_rank(gather(self._samples)))
 
-    def finish(self, num_samples: int | None) -> EvalResult:
-        """Concatenate once, reorder across processes and trim to `num_samples`."""
+    def finish(self) -> EvalResult:
+        """Concatenate once and put the processes' results in dataset order. Nothing is trimmed: the
+        evaluation loop cut the sampler's repeats before the forward, so every sample added is real
+        (a sampler may also deal a sample more than once on purpose, as TRL's GRPO repeats prompts)."""
         self._flush()
         local = {name: acc.get_arrays() for name, acc in self._acc.items()}
         local["losses"] = self._losses.get_arrays()
         if self.runtime.distributed:
-            merged, observed, per_sample = self._merge(local)
+            merged, n = self._merge(local)
         else:
-            merged, observed, per_sample = local, self._samples, self.row_per_sample
-        n = num_samples if num_samples is not None else observed
-        # outputs of several rows per sample are kept as they came (nothing was repeated in them)
-        merged = {
-            k: nested_truncate(v, n) if v is not None and (k == "losses" or per_sample) else v
-            for k, v in merged.items()
-        }
+            merged, n = local, self._samples
         losses = merged["losses"]
         loss = None
         if losses is not None and len(losses):

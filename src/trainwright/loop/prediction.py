@@ -205,7 +205,7 @@ def evaluation_loop(
     batch_metrics = args.batch_eval_metrics and trainer.compute_metrics is not None
     num_batches = len(dataloader) if data_utils.has_length(dataloader) else None
     metrics: dict[str, Any] = {}
-    for step, inputs, rows, samples in _real_batches(trainer, dataloader, num_batches, gatherer.keep_outputs):
+    for step, inputs, rows, samples in _real_batches(trainer, dataloader, num_batches):
         loss, logits, labels = trainer.prediction_step(
             model, inputs, prediction_loss_only, ignore_keys=ignore_keys
         )
@@ -231,7 +231,7 @@ def evaluation_loop(
         if data_utils.has_length(getattr(dataloader, "dataset", None))
         else None
     )
-    result = gatherer.finish(num_samples)
+    result = gatherer.finish()  # the samples evaluated: the sampler's repeats were cut before the forward
     if not batch_metrics:
         metrics = _metrics_of(trainer, result, include) or metrics
     metrics = denumpify_detensorize(dict(metrics or {}))
@@ -248,9 +248,7 @@ def evaluation_loop(
     )
 
 
-def _real_batches(
-    trainer: PredictionTrainer, dataloader: Any, num_batches: int | None, keeps_outputs: bool
-) -> Iterator[tuple]:
+def _real_batches(trainer: PredictionTrainer, dataloader: Any, num_batches: int | None) -> Iterator[tuple]:
     """(step, batch, rows, samples) of the loader, cut to its real samples: samples the sampler
     repeated to even out processes are cut before the forward, so they weigh in neither the loss nor
     the metrics (a batch of only such samples is dropped, unless every process must run the forward:
@@ -274,11 +272,12 @@ def _real_batches(
                 f"Evaluation stopped by {signal_name} after {step} of {num_batches or '?'} batches"
             )
         rows = batch_size(inputs)
-        samples, keep = counter.count(rows, getattr(dataloader, "real_rows_in_batch", None))
+        first, samples, keep = counter.count(rows, getattr(dataloader, "real_rows_in_batch", None))
         if keep < samples:
             if keep == 0 and not collective:
                 continue
-            inputs, rows = _cut_to(inputs, rows, samples, keep, keeps_outputs)
+            if keep:
+                inputs, rows = _first_samples(dataloader, inputs, rows, samples, first, keep)
         yield step, inputs, rows if keep else 0, keep
 
 
@@ -292,31 +291,36 @@ class _SampleCounter:
         self.real = rows_to_keep(dataloader)
         self.dealt = 0
 
-    def count(self, rows: int, real_in_batch: int | None) -> tuple[int, int]:
-        """(samples in this batch, real ones among them)."""
-        geometry = self.geometry
-        samples = min(geometry[0], geometry[1] - self.dealt) if geometry else rows
+    def count(self, rows: int, real_in_batch: int | None) -> tuple[int, int, int]:
+        """(position of this batch's first sample, samples in it, real ones among them)."""
+        geometry, first = self.geometry, self.dealt
+        samples = min(geometry[0], geometry[1] - first) if geometry else rows
         if real_in_batch is not None:  # a dispatched last batch says it itself
-            self.real = self.dealt + real_in_batch
+            self.real = first + real_in_batch
         self.dealt += samples
         if self.real is None or self.dealt <= self.real:
-            return samples, samples
-        return samples, max(self.real - (self.dealt - samples), 0)
+            return first, samples, samples
+        return first, samples, max(self.real - first, 0)
 
 
-def _cut_to(inputs: Any, rows: int, samples: int, keep: int, keeps_outputs: bool) -> tuple[Any, int]:
-    """A batch cut to its first `keep` samples, and its rows then."""
+def _first_samples(
+    dataloader: Any, inputs: Any, rows: int, samples: int, first: int, keep: int
+) -> tuple[Any, int]:
+    """The batch of its first `keep` samples, and its rows: its first rows where a sample is a row;
+    else (a collator giving several rows per sample) those samples collated again, from the
+    sampler's order, since which rows belong to a sample is the collator's layout."""
     if rows == samples:
-        return (take_rows(inputs, keep), keep) if keep else (inputs, rows)
-    if not keeps_outputs:  # the loss is weighted by the real samples; the rows themselves stay
-        return inputs, rows
-    raise ValueError(
-        f"Evaluation: a batch of {samples} samples came as {rows} rows (the collator gives several rows "
-        f"per sample), and {samples - keep} of its samples are the sampler's repeats to even out "
-        "processes, which cannot be told apart among the rows. Evaluate with "
-        "accelerator_config={'even_batches': False} (no repeats), or a dataset whose length divides by "
-        "per_device_eval_batch_size x processes."
-    )
+        return take_rows(inputs, keep), keep
+    sampler: Any = getattr(dataloader, "sampler", None)
+    if not callable(getattr(sampler, "rank_order", None)):
+        raise ValueError(
+            f"Evaluation: a batch of {samples} samples came as {rows} rows, {samples - keep} of its samples "
+            "repeated to even out processes, and its loader cannot give its samples again to leave those "
+            "out. Evaluate with accelerator_config={'even_batches': False} (no repeats)."
+        )
+    indices = sampler.rank_order()[first : first + keep]
+    batch = dataloader.collate_fn([dataloader.dataset[i] for i in indices])
+    return batch, batch_size(batch)
 
 
 def _metrics_of(trainer: PredictionTrainer, result: Any, include: set[str]) -> dict[str, Any] | None:
