@@ -424,23 +424,32 @@ def test_worker_base_seeds_depend_only_on_seed_and_epoch():
     assert epoch(loader(), 0) == first
 
 
-def test_without_workers_the_loader_leaves_global_rng_alone_and_resume_is_exact():
-    dl = make_dataloader(
-        PlainDataset(8),
-        batch_size=2,
-        sampler=ResumableSampler(8, seed=0),
-        collate_fn=default_data_collator,
-        args=make_args(),
-        drop_last=False,
-        seed=0,
-    )
-    states = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
-    list(dl)
-    assert torch.equal(states[0], torch.get_rng_state())
-    assert np.array_equal(states[1], np.random.get_state()[1]) and states[2] == random.getstate()
-    # a plain DataLoader draws its base seed from the global RNG on every iteration
-    list(DataLoader(PlainDataset(8), batch_size=2))
-    assert not torch.equal(states[0], torch.get_rng_state())
+def test_without_workers_the_loader_draws_as_torchs_loader_and_resume_is_exact():
+    def loader():
+        return make_dataloader(
+            PlainDataset(8),
+            batch_size=2,
+            sampler=ResumableSampler(8, seed=0),
+            collate_fn=default_data_collator,
+            args=make_args(),
+            drop_last=False,
+            seed=0,
+        )
+
+    torch.manual_seed(123)
+    states = (np.random.get_state()[1].copy(), random.getstate())
+    list(loader())
+    ours = torch.get_rng_state()
+    assert np.array_equal(states[0], np.random.get_state()[1]) and states[1] == random.getstate()
+    torch.manual_seed(123)
+    list(DataLoader(PlainDataset(8), batch_size=2))  # draws its base seed from the global RNG
+    assert torch.equal(ours, torch.get_rng_state())  # the model's random stream is a plain loader's
+    # an epoch resumed mid-way draws nothing: its checkpoint's RNG state came after the start's draw
+    resumed = loader()
+    resumed.sampler.set_start(4)
+    before = torch.get_rng_state()
+    assert len(list(resumed)) == 2
+    assert torch.equal(before, torch.get_rng_state())
 
     # the data draws from the process RNG; restoring it at the resume point replays the tail exactly
     torch.manual_seed(0)

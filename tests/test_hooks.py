@@ -274,7 +274,7 @@ def test_public_getters(make_args):
     assert torch.equal(acc.gather(torch.tensor([1, 2])), torch.tensor([1, 2]))
     assert acc.unwrap_model(trainer.model) is trainer.model
     with pytest.raises(AttributeError, match="not accelerate"):
-        acc.prepare  # noqa: B018
+        acc.save_state  # noqa: B018
     trainer.end()
 
 

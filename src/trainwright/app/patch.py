@@ -35,9 +35,18 @@ class PatchTooLateError(RuntimeError):
 
 
 def _ours() -> dict[str, Any]:
-    import trainwright
+    from trainwright.args.parser import HfArgumentParser
+    from trainwright.args.training_args import Seq2SeqTrainingArguments, TrainingArguments
+    from trainwright.loop.seq2seq import Seq2SeqTrainer
+    from trainwright.loop.trainer import Trainer
 
-    return {name: getattr(trainwright, name) for _, name in _REPLACED}
+    return {
+        "Trainer": Trainer,
+        "TrainingArguments": TrainingArguments,
+        "Seq2SeqTrainer": Seq2SeqTrainer,
+        "Seq2SeqTrainingArguments": Seq2SeqTrainingArguments,
+        "HfArgumentParser": HfArgumentParser,
+    }
 
 
 def _originals() -> dict[str, Any]:
@@ -51,9 +60,7 @@ def _originals() -> dict[str, Any]:
 
 def is_patched() -> bool:
     """Whether `transformers.trainer.Trainer` is trainwright's (importing transformers if needed)."""
-    from trainwright import Trainer
-
-    return importlib.import_module("transformers.trainer").Trainer is Trainer
+    return importlib.import_module("transformers.trainer").Trainer is _ours()["Trainer"]
 
 
 def _holders(originals: dict[str, Any]) -> dict[str, list[str]]:
