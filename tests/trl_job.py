@@ -4,7 +4,8 @@ imported): run with `python trl_job.py CFG` they train on transformers, with
 
 CFG is JSON: {"scenarios": [...], "root": dir, "tokenizer": dir, "report": file.json, options}.
 Scenarios: sft, sft_lora, sft_pack, dpo (a reference model), dpo_none (`ref_model=None`, the model
-loaded from a folder), dpo_lora, reward, grpo (generation through `model.generate`, a Python reward).
+loaded from a folder), dpo_lora, reward, grpo (generation through `model.generate`, a Python reward);
+and the other trainers built on the Trainer: kto, rloo, distillation, orpo, cpo, gkd (training only).
 Each trains 4 steps (a checkpoint every 2) and reports its log history, the files it wrote and the
 base class its trainer has. Options: "resumed" (a second trainer per scenario resumes checkpoint-2 in
 this process; its final weights are compared with the first's), "async" (a third run with async_save,
@@ -110,6 +111,74 @@ def build(scenario: str, tok, out: str, cfg: dict, **overrides):
             eval_dataset=eco.prompts(8, 9),
             **common,
         )
+    return build_more(scenario, tok, kw, common)
+
+
+def build_more(scenario: str, tok, kw: dict, common: dict):
+    """The other TRL trainers: KTO, RLOO, distillation, and the experimental ORPO, CPO and GKD."""
+    kw = {**kw, "eval_strategy": "no"}  # trained only
+    if scenario == "kto":
+        from datasets import Dataset
+
+        rows = [
+            {"prompt": r["prompt"], "completion": r[side], "label": side == "chosen"}
+            for r in eco.preferences()
+            for side in ("chosen", "rejected")
+        ]
+        return trl.KTOTrainer(
+            model=eco.llama(tok),
+            ref_model=eco.llama(tok),
+            args=trl.KTOConfig(**kw),
+            train_dataset=Dataset.from_list(rows),
+            **common,
+        )
+    if scenario == "rloo":
+        args = trl.RLOOConfig(**kw, num_generations=4, max_completion_length=8, beta=0.0)
+        return trl.RLOOTrainer(
+            model=eco.llama(tok), reward_funcs=reward_len, args=args, train_dataset=eco.prompts(), **common
+        )
+    if scenario == "distillation":
+        args = trl.DistillationConfig(**kw, max_completion_length=8)
+        return trl.DistillationTrainer(
+            model=eco.llama(tok),
+            teacher_model=eco.llama(tok, seed=1),
+            args=args,
+            train_dataset=eco.completions(),
+            **common,
+        )
+    return build_experimental(scenario, tok, kw, common)
+
+
+def build_experimental(scenario: str, tok, kw: dict, common: dict):
+    if scenario in ("orpo", "cpo"):
+        from trl.experimental import cpo, orpo
+
+        trainer, config = (
+            (orpo.ORPOTrainer, orpo.ORPOConfig) if scenario == "orpo" else (cpo.CPOTrainer, cpo.CPOConfig)
+        )
+        return trainer(model=eco.llama(tok), args=config(**kw), train_dataset=eco.preferences(), **common)
+    if scenario == "gkd":
+        from datasets import Dataset
+        from trl.experimental.gkd import GKDConfig, GKDTrainer
+
+        chats = Dataset.from_list(
+            [
+                {
+                    "messages": [
+                        {"role": "user", "content": r["prompt"]},
+                        {"role": "assistant", "content": r["completion"]},
+                    ]
+                }
+                for r in eco.completions()
+            ]
+        )
+        return GKDTrainer(
+            model=eco.llama(tok),
+            teacher_model=eco.llama(tok, seed=1),
+            args=GKDConfig(**kw, max_new_tokens=4),
+            train_dataset=chats,
+            **common,
+        )
     raise ValueError(f"unknown scenario {scenario!r}")
 
 
@@ -154,7 +223,11 @@ def run_scenario(scenario: str, tok, cfg: dict) -> dict:
     trainer.train()
     trainer.save_model()
     report = {
-        "base": type(trainer).__mro__[2].__module__,
+        "base": next(
+            c.__module__
+            for c in type(trainer).__mro__
+            if c.__module__.startswith(("transformers", "trainwright"))
+        ),
         "history": trainer.state.log_history,
         "files": folder_files(out),
         "weights_file": save_weights(trainer, out, "final"),

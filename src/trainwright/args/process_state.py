@@ -11,6 +11,7 @@ an error that names the attribute instead of handing over an object that behaves
 from __future__ import annotations
 
 import enum
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,3 +115,15 @@ def _plugin_error(attribute: str, argument: str, what: str) -> AttributeError:
         "reference and reward models, for one) cannot be honoured. Train without "
         f"`{argument}` (one process or DDP), or on transformers.Trainer."
     )
+
+
+def start_accelerate_state(args: Any) -> None:
+    """accelerate's `PartialState` for this process, as transformers' arguments start it when built:
+    for a library's subclass of the arguments (TRL's configs), whose trainers log through
+    `accelerate.logging` before the Trainer exists. trainwright's own arguments start nothing."""
+    if "accelerate" not in sys.modules:
+        return
+    from accelerate.state import PartialState
+
+    if not PartialState._shared_state:
+        PartialState(cpu=args.use_cpu)

@@ -334,6 +334,8 @@ class TrainingArguments:
 
     def __post_init__(self) -> None:
         validation.validate(self)
+        if not type(self).__module__.startswith("trainwright."):  # a library's config (TRL's)
+            process_state.start_accelerate_state(self)
 
     # ---------------------------------------------------------------------------- serialisation
 
