@@ -33,6 +33,10 @@ SCRIPTS = {
         "async blocked / sync save",
     ),
     "mfu": (["bench/mfu.py", "--tiny", "--steps", "20"], "trainwright / raw"),
+    "trl_sft": (
+        ["bench/trl_sft.py", "--repeats", "1", "--steps", "12", "--warmup", "2"],
+        "TRL SFT steps/s, trainwright / transformers",
+    ),
     "activations": (
         ["bench/activations.py", "--layers", "1", "--batch", "1", "--seq", "32", "--rounds", "1"],
         "dropout attention time, lean / SDPA",
