@@ -57,6 +57,7 @@ STEP_PATH = [
     "loop/trainer_api.py:TrainerAPI._prepare_inputs",
     "loop/trainer_api.py:TrainerAPI._prepare_input",  # on an accelerator
     "data/distribute.py:to_device",  # on an accelerator
+    "data/distribute.py:map_tensors",  # to_device walks the batch through it
     "loop/trainer_api.py:TrainerAPI.compute_loss_context_manager",
     "loop/trainer_api.py:TrainerAPI.autocast_smart_context_manager",
     "loop/trainer_api.py:TrainerAPI._log_save_evaluate_args",
@@ -64,6 +65,7 @@ STEP_PATH = [
     "loop/checkpointer.py:Checkpointer.poll",  # a method before the run chose it (sync runs: nothing)
     "loop/trainer_api.py:TrainerAPI._fire",
     "loop/run.py:TrainingRun.train_mode",
+    "loop/run.py:TrainingRun.begin_step",
     "loop/run.py:TrainingRun.advance",
     "loop/run.py:TrainingRun.finish_step",
     "loop/run.py:TrainingRun.sync_state",
