@@ -225,21 +225,11 @@ def test_each_peft_method_saves_and_resumes_as_transformers(tok, tmp_path, metho
 
 def test_gradient_checkpointing_trains_the_adapter_as_transformers(tok, tmp_path):
     data = eco.lm_rows(tok)
-    hf = train(
-        "transformers",
-        peft_llama(tok),
-        data,
-        str(tmp_path / "hf"),
-        gradient_checkpointing=True,
-        save_strategy="no",
-    )
-    tw = train(
-        "trainwright",
-        peft_llama(tok),
-        data,
-        str(tmp_path / "tw"),
-        gradient_checkpointing=True,
-        save_strategy="no",
+    hf, tw = (
+        train(
+            lib, peft_llama(tok), data, str(tmp_path / lib), gradient_checkpointing=True, save_strategy="no"
+        )
+        for lib in ("transformers", "trainwright")
     )
     untrained = adapter_of(peft_llama(tok))
     assert any(not torch.equal(v, untrained[k]) for k, v in adapter_of(tw.model).items() if "lora_A" in k)
