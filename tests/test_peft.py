@@ -282,3 +282,13 @@ def test_prompt_tuning_accumulates_every_target_the_virtual_tokens_predict(tok, 
     with torch.no_grad():
         mean = fresh(**batch).loss.item()  # the model's own loss: every label is a target
     assert whole.state.log_history[0]["loss"] == pytest.approx(mean, rel=1e-6)
+
+
+def test_every_n_layers_and_offload_are_the_models_arguments_as_upstream(tok, tmp_path):
+    kw = dict(gradient_checkpointing=True, save_strategy="no", max_steps=1)
+    kw["gradient_checkpointing_kwargs"] = {"every_n_layers": 2, "use_reentrant": False}
+    layers = {}
+    for lib in ("transformers", "trainwright"):
+        trainer = train(lib, peft_llama(tok), eco.lm_rows(tok), str(tmp_path / lib), **kw)
+        layers[lib] = [layer.gradient_checkpointing for layer in trainer.model.get_base_model().model.layers]
+    assert layers["trainwright"] == layers["transformers"] == [True, False]

@@ -443,10 +443,13 @@ def _has_targets(batch: Any, label_shift: bool) -> bool:
 
 
 def enable_activation_checkpointing(model: nn.Module, kwargs: dict | None) -> None:
-    """transformers >= 5.x names it `activation_checkpointing_enable` (the old name warns)."""
+    """transformers >= 5.x names it `activation_checkpointing_enable` (the old name warns); as upstream,
+    `every_n_layers` and `offload` are its own arguments, the other keys go to torch's checkpoint."""
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:
-        enable(activation_checkpointing_kwargs=kwargs)
+        options = dict(kwargs or {})
+        layout = {k: options.pop(k) for k in ("every_n_layers", "offload") if k in options}
+        enable(activation_checkpointing_kwargs=options or None, **layout)
     elif hasattr(model, "gradient_checkpointing_enable"):
         # transformers v4's name
         cast(Any, model).gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
