@@ -47,6 +47,7 @@ from trainwright.checkpoint.files import (
 )
 from trainwright.checkpoint.manifest import file_checksum, manifest_for
 from trainwright.checkpoint.verify import verify_checkpoint
+from trainwright.distributed.output_lock import moved_since_locked
 
 # `.{name}.tmp-<token>`: being written; `.{name}.old-<token>`: a checkpoint being replaced by a new save
 # of the same name; `.{name}.trash-<token>`: being deleted by rotation.
@@ -166,6 +167,7 @@ def rotate_checkpoints(
     """
     if save_total_limit is None or save_total_limit <= 0:
         return []
+    refuse_if_moved(output_dir)
     excluded = {os.path.abspath(p) for p in exclude}
     paths = [
         p
@@ -190,6 +192,14 @@ def rotate_checkpoints(
         except OSError as exc:
             warnings.warn(f"could not delete old checkpoint {path}: {exc}", stacklevel=2)
     return deleted
+
+
+def refuse_if_moved(output_dir: str | os.PathLike) -> None:
+    """Before deleting anything in `output_dir`: a `CheckpointError` when it is no longer the folder
+    this process locked for the run (see `output_lock.moved_since_locked`)."""
+    moved = moved_since_locked(os.fspath(output_dir))
+    if moved is not None:
+        raise CheckpointError(f"{moved} (checkpoint rotation deleted nothing)")
 
 
 def clean_checkpoint_leftovers(output_dir: str | os.PathLike) -> list[str]:
@@ -368,6 +378,9 @@ def _check_name(name: str) -> None:
 def _make_tmp(output_dir: str, name: str, final: str) -> tuple[str | None, str | None]:
     """Rank 0: the hidden folder the files are written into, or the error that prevents it."""
     tmp = None
+    moved = moved_since_locked(output_dir)  # never recreate a removed folder, or write into a new one
+    if moved is not None:
+        return None, moved
     try:
         if os.path.exists(final) and not os.path.isdir(final):
             raise NotADirectoryError(20, "exists and is not a folder", final)

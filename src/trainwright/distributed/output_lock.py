@@ -69,6 +69,9 @@ _warned_unsupported: set[str] = set()
 # (a dataloader worker) shares: its copy is closed in every child, so a worker that outlives a killed
 # trainer does not keep the lock.
 _held_fds: set[int] = set()
+# The folders this process holds locked (absolute path -> the device and inode they had then): a save
+# first checks that `output_dir` is still that folder (`moved_since_locked`).
+_locked_folders: dict[str, tuple[int, int]] = {}
 
 
 def _close_in_child() -> None:
@@ -309,6 +312,9 @@ class OutputDirLock:
         except BaseException:
             self.release()
             raise
+        if self.locked:
+            st = os.stat(self.output_dir)
+            _locked_folders[os.path.abspath(self.output_dir)] = (st.st_dev, st.st_ino)
         return self
 
     def _acquire_file_beside(self, why: OSError) -> bool:
@@ -429,6 +435,7 @@ class OutputDirLock:
         if fd is None:
             return
         _held_fds.discard(fd)
+        _locked_folders.pop(os.path.abspath(self.output_dir), None)
         try:
             with contextlib.suppress(OSError):
                 if not self._is_file:
@@ -444,6 +451,27 @@ class OutputDirLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+def moved_since_locked(folder: str) -> str | None:
+    """Why `folder`, locked by this process, is no longer the folder it locked (removed, renamed
+    away, replaced by another folder or a link elsewhere), or None: still it, or not locked here."""
+    identity = _locked_folders.get(os.path.abspath(folder))
+    if identity is None:
+        return None
+    try:
+        st = os.stat(folder)
+    except FileNotFoundError:
+        now = "it no longer exists (removed or renamed)"
+    else:
+        if (st.st_dev, st.st_ino) == identity:
+            return None
+        now = "another folder (or a link to one) is in its place"
+    return (
+        f"output_dir={folder!r} is not the folder this run locked when train() started: {now}. Nothing was "
+        "written or deleted there: another run could be using it unlocked. Restore the folder, or resume "
+        "from a checkpoint into a new output_dir."
+    )
 
 
 def claim_output_dir(trainer: Any, folder: str | None = None) -> OutputDirLock | None:

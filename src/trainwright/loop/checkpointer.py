@@ -275,16 +275,22 @@ class Checkpointer:
         )
 
     def keep_only_best(self) -> None:
-        """With save_total_limit=1, keep only the best checkpoint once training is over (upstream)."""
-        args, state = self.args, self.trainer.state
+        """With save_total_limit=1, keep only this run's best checkpoint once training is over
+        (upstream), and what rotation keeps besides: checkpoints of another run in the folder, and the
+        last one written before the loss went non-finite."""
+        args, state, run = self.args, self.trainer.state, self.run
         if (
             args.save_total_limit != 1
             or state.best_model_checkpoint is None
             or not self.runtime.is_main_process
         ):
             return
+        ckpt.refuse_if_moved(self.folder)
+        kept = {os.path.abspath(p) for p in [state.best_model_checkpoint, *self.foreign]}
+        if run.first_nonfinite_step is not None and run.last_finite_checkpoint is not None:
+            kept.add(os.path.abspath(run.last_finite_checkpoint))
         for path in ckpt.sort_checkpoints(self.folder):
-            if os.path.abspath(path) != os.path.abspath(state.best_model_checkpoint):
+            if os.path.abspath(path) not in kept:
                 logger.info("Deleting %s (save_total_limit=1 keeps the best checkpoint).", path)
                 ckpt.delete_checkpoint(path)
 
