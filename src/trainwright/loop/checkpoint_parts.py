@@ -271,6 +271,7 @@ class DataState:
     ) -> None:
         self.trainer, self.run, self.loss_windows = trainer, run, loss_windows
         self.folder = ""
+        self.absent: LoopCursor | None = None  # the position of a checkpoint without data_state.json
 
     def state_dict(self) -> dict[str, Any]:
         args, run = self.trainer.args, self.run
@@ -298,6 +299,8 @@ class DataState:
         length); map another batch geometry (one warning), and, for a run sized by epochs, size the
         schedule for the steps left in the new geometry."""
         args, self.folder = self.trainer.args, folder
+        if saved is None and not args.ignore_data_skip:
+            self._position_without_data_state(folder)
         if saved is None or args.ignore_data_skip:
             return
         run, world_size = self.run, self.run.runtime.data_world_size  # the position is per data-parallel rank
@@ -307,16 +310,34 @@ class DataState:
         if not changed or not resume.say_geometry_change(folder, changed, saved, args, world_size):
             return
         if args.max_steps <= 0 and run.cursor.steps_in_epoch:
-            cursor = self._position(saved)
-            run.max_steps = cursor.steps_applied + resume.steps_left(
-                cursor,
-                run.epochs,
-                args.gradient_accumulation_steps,
-                self._micro_left(cursor),
-                run.cursor.steps_in_epoch,
-            )
-            self.trainer.state.max_steps = run.max_steps
-            run.schedule_resized = True
+            self._size_schedule(self._position(saved))
+
+    def _size_schedule(self, cursor: LoopCursor) -> None:
+        """A run sized by epochs, resumed at `cursor` in another geometry: the steps left in it."""
+        run, args = self.run, self.trainer.args
+        run.max_steps = cursor.steps_applied + resume.steps_left(
+            cursor,
+            run.epochs,
+            args.gradient_accumulation_steps,
+            self._micro_left(cursor),
+            run.cursor.steps_in_epoch,
+        )
+        self.trainer.state.max_steps = run.max_steps
+        run.schedule_resized = True
+
+    def _position_without_data_state(self, folder: str) -> None:
+        """A checkpoint without data_state.json (transformers'): the position from its global_step,
+        or, where this run's geometry puts that step elsewhere, from its epoch (trainer_state.json),
+        with the schedule sized for the steps left."""
+        args, run = self.trainer.args, self.run
+        state = ckpt.read_json(os.path.join(folder, ckpt.TRAINER_STATE_NAME))
+        step, epoch = state.get("global_step"), state.get("epoch")
+        if not isinstance(step, int) or not isinstance(epoch, (int, float)):
+            return  # the trainer state's own check names what is wrong with it
+        cursor = resume.cursor_from_global_step(args, run.cursor.steps_in_epoch, step)
+        self.absent = cursor
+        if resume.align_with_saved_epoch(cursor, float(epoch), args, folder) and args.max_steps <= 0:
+            self._size_schedule(cursor)
 
     def _position(self, saved: dict[str, Any]) -> LoopCursor:
         """The saved cursor on this run's geometry."""
@@ -359,9 +380,10 @@ class DataState:
             run.iterable_restored = True
 
     def load_absent(self, folder: str) -> None:
-        """A transformers checkpoint: the position rebuilt from global_step, as upstream does."""
+        """A transformers checkpoint: the position rebuilt from global_step, as upstream does (from its
+        epoch where this run's geometry differs: `check`)."""
         args, run = self.trainer.args, self.run
-        run.cursor = resume.cursor_from_global_step(
+        run.cursor = self.absent or resume.cursor_from_global_step(
             args, run.cursor.steps_in_epoch, self.trainer.state.global_step
         )
         if args.ignore_data_skip:

@@ -20,6 +20,8 @@ import yaml
 from huggingface_hub import EvalResult, ModelCardData
 
 from trainwright.args.training_args import TrainingArguments
+from trainwright.checkpoint.files import writing_file
+from trainwright.core.files import atomic_write
 from trainwright.core.state import TrainerState
 from trainwright.core.version import __version__
 
@@ -428,7 +430,8 @@ def write_model_card(trainer: CardTrainer, **kwargs: Any) -> str | None:
             kwargs["tags"] = tags + [t for t in existing["tags"] if t not in tags]
     card = summary_from_trainer(trainer, **kwargs).to_model_card()
     os.makedirs(output_dir, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    # the old card stays whole until the new one is on disk; a full disk names README.md and the cause
+    with writing_file(path), atomic_write(path) as f:
         f.write(card)
     if is_peft and hasattr(trainer.model, "create_or_update_model_card"):
         cast(Any, trainer.model).create_or_update_model_card(output_dir)  # a PEFT model

@@ -7,6 +7,7 @@ their own checks, before anything is loaded; each names the file and the argumen
 from __future__ import annotations
 
 import logging
+import math
 import os
 import warnings
 from typing import Any
@@ -381,3 +382,37 @@ def cursor_from_global_step(args: TrainingArguments, steps_in_epoch: int, global
         cursor.batch_in_epoch = min((global_step % updates) * ga, batches)
         cursor.samples_in_epoch = cursor.batch_in_epoch * args.per_device_train_batch_size
     return cursor
+
+
+def align_with_saved_epoch(
+    cursor: LoopCursor, saved_epoch: float | None, args: TrainingArguments, folder: str
+) -> bool:
+    """A checkpoint without data_state.json: its trainer_state.json's `epoch` (the fraction of the
+    epoch its run had read) is the position when this run's batch geometry puts `global_step`
+    elsewhere (another batch size, accumulation or number of processes). Rounded down to a whole
+    batch of this run (a few samples are seen again rather than skipped), and said. Whether it moved."""
+    steps = cursor.steps_in_epoch
+    if saved_epoch is None or not steps:
+        return False
+    here = cursor.epoch + cursor.batch_in_epoch / steps
+    if abs(here - saved_epoch) <= 1e-9 * max(1.0, saved_epoch):
+        return False  # the same geometry: global_step gives the position exactly
+    epoch = int(saved_epoch + 1e-9)
+    exact = (saved_epoch - epoch) * steps
+    batch = min(math.floor(exact + 1e-6), steps)
+    cursor.epoch, cursor.batch_in_epoch = epoch, batch
+    cursor.samples_in_epoch = batch * args.per_device_train_batch_size
+    logger.warning(
+        "%s has no data_state.json (a transformers checkpoint): its global_step %d would put this run, whose "
+        "batches differ (per_device_train_batch_size, gradient_accumulation_steps or processes), at epoch "
+        "%.4g, but its trainer_state.json says epoch %.6g: resuming there, at batch %d of %d of epoch %d%s.",
+        folder,
+        cursor.steps_applied,
+        here,
+        saved_epoch,
+        batch,
+        steps,
+        epoch,
+        "" if abs(exact - batch) < 1e-6 else " (rounded down to a whole batch: a few samples are seen again)",
+    )
+    return True
