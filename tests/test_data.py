@@ -755,3 +755,8 @@ def test_is_causal_lm():
         is_decoder=True,
     )
     assert is_causal_lm(BertLMHeadModel(bert))
+
+
+def test_a_resumed_iterable_that_ends_before_its_saved_position_is_refused():
+    with pytest.raises(ValueError, match="data ended after 2 of the 5 batches.*ignore_data_skip=True"):
+        skip_iterable(DataLoader(list(range(4)), batch_size=2), 5)

@@ -4,6 +4,7 @@ divergence; the run's train_loss is the mean over the steps that had targets."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -74,15 +75,18 @@ def test_a_step_without_targets_has_no_loss_and_no_update(make_args, ga):
     assert out.training_loss == pytest.approx(sum(others) / 3)
 
 
-def test_a_window_of_only_empty_steps_logs_no_loss(make_args):
+def test_a_run_of_only_empty_steps_logs_no_loss_and_says_its_train_loss_is_nan(make_args, caplog):
     args = make_args(
         per_device_train_batch_size=4, max_steps=2, logging_steps=2, train_sampling_strategy="sequential"
     )
     trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=Tokens(set(range(8))))
-    out = trainer.train()
+    with caplog.at_level(logging.WARNING, logger="trainwright"):
+        out = trainer.train()
     row = next(r for r in trainer.state.log_history if "steps_without_targets" in r)
     assert "loss" not in row and row["steps_without_targets"] == 2
-    assert out.training_loss == 0.0  # no step had a loss
+    assert math.isnan(out.training_loss)  # no step had a loss: not a healthy-looking 0.0
+    assert math.isnan(trainer.state.log_history[-1]["train_loss"])
+    assert caplog.text.count("No step of this run had a label target") == 1
 
 
 def test_an_empty_step_survives_an_exact_resume(make_args, tmp_path):

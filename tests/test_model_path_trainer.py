@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 import hf_fixtures
+import numpy as np
 import pytest
 import torch
 from hf_fixtures import text_corpus
@@ -266,6 +267,20 @@ def test_padding_free_collator_rules(tokenizer):
 
     with pytest.raises(ValueError, match="takes no position_ids"):
         run_collator(args, flattening, TinyGPT(TinyGPTConfig(block_size=16, n_layer=1, n_embd=8, n_head=1)))
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [[3.0, 4.7, 5.0], torch.tensor([3.0, 4.0]), np.array([3.5, 4.0]), [3, True]],
+    ids=["list", "tensor", "array", "bool"],
+)
+def test_padding_free_refuses_ids_that_are_not_integers_naming_sample_and_key(ids):
+    features = [{"input_ids": [1, 2, 3]}, {"input_ids": ids}]
+    with pytest.raises(ValueError, match="sample 1's 'input_ids' holds .* not an integer id"):
+        PaddingFreeCollator()(features)
+    with pytest.raises(ValueError, match="sample 0's 'labels'"):
+        PaddingFreeCollator()([{"input_ids": [1, 2], "labels": [1.5, 2.0]}])
+    assert PaddingFreeCollator()([{"input_ids": np.array([1, 2])}])["input_ids"].tolist() == [[1, 2]]
 
 
 def test_evaluation_cuts_repeated_samples_from_a_packed_row(tokenizer):

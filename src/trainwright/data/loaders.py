@@ -341,6 +341,12 @@ def skip_iterable(dataloader_or_iterable: Iterable[Any], num_batches: int) -> It
             "(datasets.IterableDataset has them) to resume without reading them.",
             stacklevel=2,
         )
-        for _ in itertools.islice(iterator, num_batches):
-            pass
+        skipped = sum(1 for _ in itertools.islice(iterator, num_batches))
+        if skipped < num_batches:  # the epoch would silently become the next one's start
+            raise ValueError(
+                f"Resuming: the data ended after {skipped} of the {num_batches} batches the checkpoint had "
+                "read in this epoch: it is shorter than the data the checkpoint was written with (or "
+                "another one). Resume with the same data, or pass ignore_data_skip=True to start the "
+                "epoch from its first batch."
+            )
     return iterator

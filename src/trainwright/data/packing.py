@@ -37,12 +37,25 @@ _DROPPED = ("attention_mask", "special_tokens_mask", "length", "position_ids")
 
 
 def _as_list(value: Any, key: str, index: int) -> list[int]:
-    if isinstance(value, (torch.Tensor, np.ndarray)):
+    integral = None  # known from a tensor's or array's dtype; a list is looked at value by value
+    if isinstance(value, torch.Tensor):
+        integral = not (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool)
+        value = value.tolist()
+    elif isinstance(value, np.ndarray):
+        integral = value.dtype.kind in "iu"
         value = value.tolist()
     if not isinstance(value, (list, tuple)) or (value and isinstance(value[0], (list, tuple))):
         raise ValueError(
             f"padding_free: sample {index}'s {key!r} is not one sequence of ids ({type(value).__name__}); "
             "each sample must hold one unpadded sequence."
+        )
+    if integral is None:
+        integral = all(type(v) is int or isinstance(v, np.integer) for v in value)
+    if not integral:  # torch.long would turn 3.7 into 3 silently
+        wrong = next((v for v in value if type(v) is not int and not isinstance(v, np.integer)), value[:1])
+        raise ValueError(
+            f"padding_free: sample {index}'s {key!r} holds {wrong!r} ({type(wrong).__name__}), not an integer "
+            "id; token ids and labels are integers."
         )
     return list(value)
 

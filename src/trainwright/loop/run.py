@@ -254,9 +254,17 @@ class TrainingRun:
 
     # -- the end -------------------------------------------------------------------------------
     def train_loss(self) -> float:
-        """The mean loss of the run's steps that had a loss (logged windows, folded in)."""
+        """The mean loss of the run's steps that had a loss (logged windows, folded in); NaN, said
+        once, when no step of the run had a label target (there is no loss to average)."""
         cursor = self.cursor
-        return cursor.loss_logged_total / max(cursor.steps_attempted - cursor.steps_without_targets, 1)
+        counted = cursor.steps_attempted - cursor.steps_without_targets
+        if cursor.steps_attempted and counted <= 0:
+            logger.warning(
+                "No step of this run had a label target (every label -100, or samples too short to "
+                "predict a next token), so nothing was learned: train_loss is NaN."
+            )
+            return float("nan")
+        return cursor.loss_logged_total / max(counted, 1)
 
     def say_divergence(self) -> None:
         """At the end of a run whose loss went non-finite: which checkpoint is the last finite one."""
