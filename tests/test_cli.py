@@ -188,3 +188,41 @@ def test_train_help_shows_the_config_keys_first():
     assert keys < groups[0] < groups[1] < groups[2] < text.index("--learning_rate")
     for key in ("model_type", "model_config", "train_file", "validation_file", "block_size"):
         assert text.index(key) < groups[0]  # named in the summary at the top
+
+
+GPT2_SMALL = {"n_layer": 1, "n_embd": 16, "n_head": 2, "n_positions": 32}
+
+
+@pytest.mark.parametrize(
+    ("values", "needles"),
+    [
+        ({"report_to": 5}, ["report_to=5 is invalid"]),
+        ({"output_dir": 123}, ["output_dir=123 is invalid"]),
+        ({"block_size": 0}, ["block_size=0", "integer >= 1"]),
+        ({"block_size": -4}, ["block_size=-4"]),
+        (
+            {"model_type": "gpt2", "model_config": GPT2_SMALL, "block_size": 64},
+            ["block_size=64", "32 positions"],
+        ),
+        ({"model_type": "gpt2", "model_config": {"n_layerz": 1}}, ["n_layerz", "'n_layer'?", "gpt2"]),
+        ({"model_config": {"n_layerz": 1}}, ["n_layerz", "'n_layer'?", "tinygpt"]),
+        ({"model_type": "gpt2", "model_config": {"n_embd": 15, "n_head": 2}}, ["divisible"]),
+        ({"model_config": 5}, ["model_config=5", "mapping"]),
+        ({"model_type": "gtp2"}, ["model_type='gtp2'", "'gpt2'"]),
+    ],
+    ids=lambda v: str(v)[:40],
+)
+def test_input_mistakes_are_one_line_and_exit_2(tmp_path, capsys, values, needles):
+    pytest.importorskip("transformers")
+    assert main(["train", _config(tmp_path, **values)]) == 2  # a bug would raise out of main instead
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("trainwright train: error: ")]
+    assert len(errors) == 1, err[-2000:]
+    assert all(n in errors[0] for n in needles), errors[0]
+    assert len(errors[0]) < 400  # not a list of every model type
+
+
+def test_an_existing_file_as_output_dir_is_one_line(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    assert main(["train", _config(tmp_path, output_dir=str(tmp_path / "afile"))]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err

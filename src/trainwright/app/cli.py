@@ -77,8 +77,9 @@ def is_user_error(exc: BaseException) -> bool:
     if isinstance(exc, USER_ERRORS):
         return True
     from trainwright.checkpoint.files import CheckpointError
+    from trainwright.distributed.output_lock import OutputDirError
 
-    return isinstance(exc, CheckpointError)
+    return isinstance(exc, (CheckpointError, OutputDirError))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

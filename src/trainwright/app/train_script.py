@@ -11,6 +11,9 @@ model is built from a transformers config (`model_type` + `model_config`, or a l
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import difflib
+import inspect
 import json
 import os
 from collections.abc import Sequence
@@ -76,9 +79,18 @@ def read_text(path: str, text_column: str) -> str:
 
 
 def build_model(margs: ModelArguments, vocab_size: int, block_size: int) -> torch.nn.Module:
+    """The model the config asks for; a key, type or size it cannot have is a ValueError naming it."""
+    if margs.model_config is not None and not isinstance(margs.model_config, dict):
+        raise ValueError(
+            f"model_config={margs.model_config!r}: expected a mapping of config fields to values"
+        )
     if margs.model_type == "tinygpt" and margs.model_name_or_path is None:
         from trainwright.app.tinygpt import TinyGPT, TinyGPTConfig
 
+        fields = [
+            f.name for f in dataclasses.fields(TinyGPTConfig) if f.name not in ("vocab_size", "block_size")
+        ]
+        _refuse_unknown_keys(margs.model_config or {}, fields, "tinygpt")
         return TinyGPT(
             TinyGPTConfig(vocab_size=vocab_size, block_size=block_size, **(margs.model_config or {}))
         )
@@ -92,9 +104,46 @@ def build_model(margs: ModelArguments, vocab_size: int, block_size: int) -> torc
         if not os.path.isdir(margs.model_name_or_path):
             raise FileNotFoundError(f"model_name_or_path must be a local folder: {margs.model_name_or_path}")
         return transformers.AutoModelForCausalLM.from_pretrained(margs.model_name_or_path)
-    values = {"vocab_size": vocab_size, **(margs.model_config or {})}
-    config = transformers.AutoConfig.for_model(margs.model_type, **values)
+    known = transformers.CONFIG_MAPPING
+    if margs.model_type not in known:
+        close = difflib.get_close_matches(margs.model_type, list(known.keys()), n=3)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else " (tinygpt, gpt2, llama, ...)"
+        raise ValueError(f"model_type={margs.model_type!r} is not a transformers model type{hint}")
+    config_class = known[margs.model_type]
+    fields = set(config_class().to_dict()) | set(inspect.signature(config_class.__init__).parameters)
+    _refuse_unknown_keys(margs.model_config or {}, sorted(fields - {"self", "kwargs"}), margs.model_type)
+    config = transformers.AutoConfig.for_model(
+        margs.model_type, vocab_size=vocab_size, **(margs.model_config or {})
+    )
     return transformers.AutoModelForCausalLM.from_config(config)
+
+
+def _refuse_unknown_keys(values: dict[str, Any], fields: list[str], model_type: str) -> None:
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        hints = [f"{k!r} -> {c[0]!r}?" for k in unknown if (c := difflib.get_close_matches(k, fields, n=1))]
+        raise ValueError(
+            f"model_config: {unknown} are not fields of a {model_type} config"
+            + (f"; did you mean {', '.join(hints)}" if hints else "")
+        )
+
+
+def check_block_size(model: torch.nn.Module, block_size: int) -> None:
+    """block_size must fit the model's positions (found at step 1 otherwise, as an index error)."""
+    config = getattr(model, "config", None)
+    limit = next(
+        (
+            getattr(config, name)
+            for name in ("n_positions", "max_position_embeddings", "block_size", "n_ctx")
+            if isinstance(getattr(config, name, None), int)
+        ),
+        None,
+    )
+    if limit is not None and block_size > limit:
+        raise ValueError(
+            f"block_size={block_size} is longer than the model's {limit} positions: lower block_size, or "
+            "raise the positions in model_config (n_positions / max_position_embeddings)"
+        )
 
 
 DESCRIPTION = """\
@@ -153,6 +202,8 @@ def run_train(argv: Sequence[str]) -> dict[str, float]:
     margs, dargs, targs = parser.parse_args_into_dataclasses(args=list(argv), look_for_args_file=False)
     if dargs.train_file is None:
         raise ValueError("train_file is required (a local .txt or .jsonl file).")
+    if not isinstance(dargs.block_size, int) or dargs.block_size < 1:
+        raise ValueError(f"block_size={dargs.block_size!r}: tokens per training example, an integer >= 1")
     tokenizer = None
     if margs.tokenizer_name_or_path:
         import transformers
@@ -174,6 +225,7 @@ def run_train(argv: Sequence[str]) -> dict[str, float]:
             dargs.validation_file,
         )
     model = build_model(margs, vocab, dargs.block_size)
+    check_block_size(model, dargs.block_size)
     trainer = Trainer(
         model=model, args=targs, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tokenizer
     )

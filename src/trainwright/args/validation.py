@@ -111,6 +111,10 @@ def _sortish_is_group_by_length(args: Any) -> None:
 def _resolve_paths(args: Any) -> None:
     if args.output_dir is None:
         args.output_dir = "trainer_output"
+    for name in ("output_dir", "logging_dir"):
+        value = getattr(args, name)
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise invalid(args, name, "a folder path (a string)")
     # Expanding ~ here keeps os.makedirs from creating a literal "~" folder; nothing is created.
     args.output_dir = os.path.expanduser(os.fspath(args.output_dir))
     if args.logging_dir is not None:
@@ -520,6 +524,11 @@ def _check_distributed(args: Any) -> None:
 
 
 def _resolve_reporting_and_io(args: Any) -> None:
+    if args.report_to is not None and not (
+        isinstance(args.report_to, str)
+        or (isinstance(args.report_to, (list, tuple)) and all(isinstance(n, str) for n in args.report_to))
+    ):
+        raise invalid(args, "report_to", 'a name ("tensorboard"), a list of names, "all" or "none"')
     args.report_to = _normalise_report_to(args.report_to)
     if args.disable_tqdm is None:
         args.disable_tqdm = logging.getLogger("trainwright").getEffectiveLevel() > logging.WARNING
