@@ -110,8 +110,8 @@ def build_model(margs: ModelArguments, vocab_size: int, block_size: int) -> torc
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else " (tinygpt, gpt2, llama, ...)"
         raise ValueError(f"model_type={margs.model_type!r} is not a transformers model type{hint}")
     config_class = known[margs.model_type]
-    fields = set(config_class().to_dict()) | set(inspect.signature(config_class.__init__).parameters)
-    _refuse_unknown_keys(margs.model_config or {}, sorted(fields - {"self", "kwargs"}), margs.model_type)
+    names = set(config_class().to_dict()) | set(inspect.signature(config_class.__init__).parameters)
+    _refuse_unknown_keys(margs.model_config or {}, sorted(names - {"self", "kwargs"}), margs.model_type)
     config = transformers.AutoConfig.for_model(
         margs.model_type, vocab_size=vocab_size, **(margs.model_config or {})
     )
