@@ -17,6 +17,7 @@ from conftest import RegressionDataset, RegressionModel
 
 import trainwright.checkpoint as ckpt
 from trainwright import Trainer
+from trainwright.checkpoint.manifest import manifest_problems, read_manifest
 from trainwright.checkpoint.verify import file_checksum
 
 
@@ -229,7 +230,8 @@ def test_trainer_state_fields_a_resume_reads_are_checked(make_args, edit):
     newest = os.path.join(out, "checkpoint-6")
     change, expected = _TRAINER_STATE_EDITS[edit]
     edit_json(newest, ckpt.TRAINER_STATE_NAME, change)
-    assert ckpt.verify_checkpoint(newest) == []  # the manifest agrees: only the field check sees it
+    assert manifest_problems(newest, read_manifest(newest), True) == []  # the manifest agrees
+    assert re.search(expected, "; ".join(ckpt.verify_checkpoint(newest)))  # damaged for discovery too
     with pytest.raises(ValueError, match=f"Can't resume from {newest}: {expected}"):
         run(make_args, max_steps=8, resume=newest)
 
@@ -252,6 +254,10 @@ _DATA_STATE_EDITS = {
         r"data_state.json: cursor.epoch is 'x' \(str\), not a non-negative integer",
     ),
     "cursor a number": (lambda s: s.update(cursor=5), r"data_state.json has no 'cursor' object"),
+    "a sampler seed over 64 bits": (
+        lambda s: s["sampler"].update(seed=2**70),
+        r"data_state.json: sampler.seed is 1180591620717411303424 \(int\), not an integer in \[0, 2\*\*63\)",
+    ),
 }
 
 
@@ -271,3 +277,18 @@ def test_a_data_state_position_that_is_no_position_of_this_run_is_refused(make_a
         assert os.path.join(newest, "data_state.json") in str(info.value)
         trainer, _ = run(make_args, max_steps=8, resume=newest, ignore_data_skip=True)  # the way forward
         assert trainer.state.global_step == 8
+
+
+def test_a_json_file_nested_too_deeply_is_a_damaged_checkpoint(make_args):
+    _, out = run(make_args)
+    newest = os.path.join(out, "checkpoint-6")
+    path = os.path.join(newest, ckpt.TRAINER_STATE_NAME)
+    with open(path, "w") as f:
+        f.write("[" * 200_000 + "]" * 200_000)  # valid JSON, deeper than Python's parser recurses
+
+    def record(manifest):
+        manifest["files"][ckpt.TRAINER_STATE_NAME] = os.path.getsize(path)
+        manifest["checksums"][ckpt.TRAINER_STATE_NAME] = file_checksum(path)
+
+    edit_manifest(newest, record)
+    assert_skipped_and_refused(make_args, out, "trainer_state.json is nested too deeply")

@@ -18,9 +18,11 @@ from typing import Any
 
 from trainwright.checkpoint.files import DATA_STATE_NAME, TRAINER_STATE_NAME, CheckpointError
 
+_INT64 = 2**63  # counts, seeds and positions go to torch and numpy as 64-bit integers
+
 
 def _is_count(value: Any) -> bool:
-    return type(value) is int and value >= 0
+    return type(value) is int and 0 <= value < _INT64
 
 
 def _is_number(value: Any) -> bool:
@@ -115,6 +117,12 @@ _DATA_STATE_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
         "a list of lists of numbers (or nulls), or null",
     ),
     "sampler": (lambda v: isinstance(v, dict), "an object"),
+    "seed": (_optional(_is_count), "a seed (an integer in [0, 2**63))"),
+}
+# the resumable sampler's state (a sampler of another kind keeps other fields: only these are read)
+_SAMPLER_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    name: (_is_count, "an integer in [0, 2**63)")
+    for name in ("seed", "epoch", "start", "num_samples", "num_replicas")
 }
 
 
@@ -128,6 +136,9 @@ def data_state_problems(state: Any) -> list[str]:
     missing = [name for name in _POSITION if name not in cursor]
     problems = [f"{DATA_STATE_NAME}: cursor has no {name!r}" for name in missing]
     problems += _field_problems(cursor, _CURSOR_FIELDS, f"{DATA_STATE_NAME}: cursor.")
+    sampler = state.get("sampler")
+    if isinstance(sampler, dict):
+        problems += _field_problems(sampler, _SAMPLER_FIELDS, f"{DATA_STATE_NAME}: sampler.")
     return problems + _field_problems(state, _DATA_STATE_FIELDS, f"{DATA_STATE_NAME}: ")
 
 

@@ -110,8 +110,23 @@ def verify_checkpoint(path: str | os.PathLike, checksums: bool = True) -> list[s
             if os.path.isfile(os.path.join(path, TRAINER_STATE_NAME))
             else [f"{TRAINER_STATE_NAME} is missing"]
         )
-        return problems + _weights_problems(path)
-    return manifest_problems(path, manifest, checksums)
+        return problems + _weights_problems(path) + _state_file_problems(path)
+    return manifest_problems(path, manifest, checksums) or _state_file_problems(path)
+
+
+def _state_file_problems(path: str) -> list[str]:
+    """What a resume would refuse in the JSON state files the folder has (parse and fields): such a
+    checkpoint is damaged for discovery too, which then falls back to the one before."""
+    problems = []
+    for name, check in STATE_FILE_CHECKS.items():
+        file = os.path.join(path, name)
+        if not os.path.isfile(file):
+            continue
+        try:
+            problems += check(read_json(file))
+        except CheckpointError as exc:
+            problems.append(str(exc))
+    return problems
 
 
 def check_checkpoint_files(

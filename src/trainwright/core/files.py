@@ -168,6 +168,10 @@ def read_json(path: str | os.PathLike) -> Any:
         ) from None
     except UnicodeDecodeError as exc:
         raise JSONFileError(f"{path} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise JSONFileError(
+            f"{path} is nested too deeply to be read (damaged, or not the file it should be)"
+        ) from None
 
 
 def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
