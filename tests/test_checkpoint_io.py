@@ -73,7 +73,7 @@ def _fake_checkpoint(folder, step: int, content: bytes = b"x") -> str:
     return ckpt.write_checkpoint(
         folder,
         f"checkpoint-{step}",
-        _write_files({"model.safetensors": content, "trainer_state.json": b"{}"}),
+        _write_files({"model.safetensors": content, "trainer_state.json": b'{"global_step": 0}'}),
     )
 
 
@@ -532,12 +532,12 @@ def test_json_helpers(tmp_path):
 def test_write_checkpoint_commits_with_marker(tmp_path):
     out = tmp_path / "out"
     path = ckpt.write_checkpoint(
-        out, "checkpoint-7", _write_files({"a.bin": b"12345", "trainer_state.json": b"{}"})
+        out, "checkpoint-7", _write_files({"a.bin": b"12345", "trainer_state.json": b'{"global_step": 7}'})
     )
     assert path == os.path.join(out, "checkpoint-7")
     assert sorted(os.listdir(path)) == ["a.bin", "checkpoint_complete.json", "trainer_state.json"]
     marker = json.loads(pathlib.Path(path, "checkpoint_complete.json").read_text())
-    assert marker["files"] == {"a.bin": 5, "trainer_state.json": 2}
+    assert marker["files"] == {"a.bin": 5, "trainer_state.json": 18}
     assert ckpt.verify_checkpoint(path) == [] and _hidden(out) == []
     assert ckpt.get_last_checkpoint(out) == path
 
@@ -592,7 +592,7 @@ def test_leftovers_are_ignored_then_cleaned(tmp_path):
     for name in (".checkpoint-3.tmp-1a-0b", ".checkpoint-1.trash-2-ff"):
         os.makedirs(tmp_path / name)
         (tmp_path / name / "model.safetensors").write_bytes(b"x")
-        (tmp_path / name / "trainer_state.json").write_bytes(b"{}")
+        (tmp_path / name / "trainer_state.json").write_bytes(b'{"global_step": 0}')
     (tmp_path / ".git").mkdir()  # not ours: left alone
     assert ckpt.get_last_checkpoint(tmp_path) == good
     _fake_checkpoint(tmp_path, 4)
@@ -695,7 +695,7 @@ def test_get_last_checkpoint_skips_damaged_and_accepts_transformers_folders(tmp_
     assert ckpt.get_last_checkpoint(tmp_path) is None
     hf = tmp_path / "checkpoint-5"  # written by transformers: no marker
     hf.mkdir()
-    (hf / "trainer_state.json").write_text("{}")
+    (hf / "trainer_state.json").write_text('{"global_step": 0}')
     (hf / "model.safetensors").write_bytes(b"x")
     partial = tmp_path / "checkpoint-20"  # a transformers save that crashed before trainer_state.json
     partial.mkdir()
@@ -752,7 +752,7 @@ def test_check_checkpoint_files(tmp_path):
 
 def test_truncated_safetensors_is_detected_without_marker(tmp_path):
     ckpt.save_model_weights(_mlp(), tmp_path)
-    (tmp_path / "trainer_state.json").write_text("{}")
+    (tmp_path / "trainer_state.json").write_text('{"global_step": 0}')
     assert ckpt.check_checkpoint_files(tmp_path, need=("model",)) == []
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-4])

@@ -224,7 +224,7 @@ def test_the_trainer_shipped_to_workers_has_no_model_and_an_absolute_output_dir(
 def test_checkpoint_folder_finds_the_trainer_checkpoint(tmp_path):
     direct = tmp_path / "direct"
     direct.mkdir()
-    (direct / "trainer_state.json").write_text("{}")
+    (direct / "trainer_state.json").write_text('{"global_step": 0}')
     assert hpo_ray.checkpoint_folder(str(direct)) == str(direct)
     nested = tmp_path / "nested"  # upstream's layout: checkpoint-<step> inside Tune's folder
     for step in (4, 12, 8):
