@@ -236,3 +236,36 @@ def test_compiled_model_takes_the_fused_loss_without_retracing():
             9,
             VOCAB,
         )  # the hook is idle outside the fused loss
+
+
+def test_labels_outside_the_vocabulary_are_named_with_the_vocabulary_size(tmp_path):
+    hidden, weight = torch.randn(6, 8, requires_grad=True), torch.randn(16, 8)
+    with pytest.raises(ValueError, match=r"labels hold \[16, 40\], outside the model's vocabulary of 16 ids"):
+        linear_cross_entropy(hidden, weight, None, torch.tensor([1, 16, -100, 40, 2, 16]))
+    with pytest.raises(ValueError, match=r"labels hold \[-7\]"):
+        linear_cross_entropy(hidden, weight, None, torch.tensor([1, -7, -100, 3, 2, 0]))
+    from conftest import tiny_gpt2
+
+    from trainwright import Trainer, TrainingArguments
+
+    model = tiny_gpt2()
+    vocab = model.config.vocab_size
+    rows = [{"input_ids": torch.arange(8) % vocab, "labels": torch.arange(8) % vocab} for _ in range(8)]
+    rows[5]["labels"] = rows[5]["labels"].clone()
+    rows[5]["labels"][3] = (
+        vocab + 5
+    )  # in the second batch: the first one is measured with the model's own loss
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        max_steps=2,
+        fused_linear_cross_entropy=True,
+        train_sampling_strategy="sequential",
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+    )
+    with pytest.raises(
+        ValueError, match=rf"labels hold \[{vocab + 5}\], outside the model's vocabulary of {vocab}"
+    ):
+        Trainer(model=model, args=args, train_dataset=rows).train()

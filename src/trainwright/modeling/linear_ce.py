@@ -162,16 +162,31 @@ def linear_cross_entropy(
         grad_on and weight.requires_grad,
         grad_on and bias is not None and bias.requires_grad,
     )
-    return _ChunkedLinearCrossEntropy.apply(
-        flat,
-        weight,
-        bias,
-        flat_targets,
-        denominator,
-        float(label_smoothing),
-        chunk,
-        _compute_dtype(flat),
-        grads,
+    try:
+        return _ChunkedLinearCrossEntropy.apply(
+            flat,
+            weight,
+            bias,
+            flat_targets,
+            denominator,
+            float(label_smoothing),
+            chunk,
+            _compute_dtype(flat),
+            grads,
+        )
+    except (IndexError, RuntimeError) as exc:  # found only on failure: no check on the hot path
+        raise _labels_outside(flat_targets, weight.shape[0]) or exc
+
+
+def _labels_outside(targets: torch.Tensor, vocab: int) -> ValueError | None:
+    """The error naming the labels outside the vocabulary, where some are (else None)."""
+    outside = targets[(targets != IGNORE_INDEX) & ((targets < 0) | (targets >= vocab))]
+    if not outside.numel():
+        return None
+    values = outside.unique()[:5].tolist()
+    return ValueError(
+        f"fused_linear_cross_entropy: the labels hold {values}, outside the model's vocabulary of {vocab} "
+        f"ids (0 to {vocab - 1}; -100 is ignored). Fix the labels (or the tokenizer's vocabulary size)."
     )
 
 
