@@ -175,7 +175,10 @@ def linear_cross_entropy(
             grads,
         )
     except (IndexError, RuntimeError) as exc:  # found only on failure: no check on the hot path
-        raise _labels_outside(flat_targets, weight.shape[0]) or exc
+        named = _labels_outside(flat_targets, weight.shape[0])
+        if named is None:
+            raise
+        raise named from exc
 
 
 def _labels_outside(targets: torch.Tensor, vocab: int) -> ValueError | None:
