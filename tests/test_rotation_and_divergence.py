@@ -142,3 +142,18 @@ def test_a_resume_from_an_earlier_checkpoint_names_the_later_ones(make_args, tmp
     assert "holds 3 checkpoint(s) this run does not continue (newest: checkpoint-25)" in caplog.text
     # the resumed run rewrote 15, 20 and 25 as it reached them and rotated its own to the newest two
     assert _names(tmp_path) == ["checkpoint-25", "checkpoint-30"]
+
+
+def test_after_falling_back_from_a_damaged_newest_checkpoint_it_is_not_advised(make_args, tmp_path, caplog):
+    _run(make_args, tmp_path, 25, save_total_limit=None)
+    newest = tmp_path / "checkpoint-25"
+    with open(newest / "optimizer.pt", "r+b") as f:
+        f.truncate(10)  # damaged: a resume falls back to checkpoint-20
+    with (
+        caplog.at_level(logging.WARNING, logger="trainwright"),
+        pytest.warns(UserWarning, match="checkpoint-25"),
+    ):
+        trainer = _run(make_args, tmp_path, 30, resume=True, save_total_limit=None)
+    assert trainer.cursor.first_step_of_call == 20
+    line = next(m for m in caplog.messages if "does not continue" in m)
+    assert "1 damaged" in line and "checkpoint-25'" not in line and "none of them is complete" in line

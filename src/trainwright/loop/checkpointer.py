@@ -112,17 +112,31 @@ class Checkpointer:
         else:
             after = existing
         if after:
-            logger.warning(
-                "%s holds %d checkpoint(s) this run does not continue (newest: %s). They are kept and "
-                "not counted by save_total_limit, but get_last_checkpoint() and resume_from_checkpoint=True "
-                "pick the highest step: resume that run with resume_from_checkpoint=%r instead, or train "
-                "into another output_dir.",
-                self.folder,
-                len(after),
-                os.path.basename(after[-1]),
-                after[-1],
-            )
+            self._say_foreign(after)
         return after
+
+    def _say_foreign(self, after: list[str]) -> None:
+        """The start-of-run warning about checkpoints this run does not continue; it advises resuming
+        only a complete one (a damaged one is what a resume just fell back from)."""
+        complete = [p for p in after if not ckpt.verify_checkpoint(p, checksums=False)]
+        damaged = len(after) - len(complete)
+        advice = (
+            f"resume that run with resume_from_checkpoint={complete[-1]!r} instead, or train into another "
+            "output_dir"
+            if complete
+            else "none of them is complete, so no resume can take them; train into another output_dir "
+            "to keep them apart"
+        )
+        logger.warning(
+            "%s holds %d checkpoint(s) this run does not continue (newest: %s%s). They are kept and not "
+            "counted by save_total_limit, but get_last_checkpoint() and resume_from_checkpoint=True pick "
+            "the highest complete step: %s.",
+            self.folder,
+            len(after),
+            os.path.basename(after[-1]),
+            f"; {damaged} damaged" if damaged else "",
+            advice,
+        )
 
     # -- saving --------------------------------------------------------------------------------
     def save(self) -> str | None:
