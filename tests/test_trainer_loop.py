@@ -79,7 +79,7 @@ def expected_events(
             out += ["on_step_begin"] + ["on_substep_end"] * (ga - 1)
             out += ["on_pre_optimizer_step", "on_optimizer_step", "on_step_end"]
             last = step == steps
-            if step % logging_steps == 0 or last:
+            if step % logging_steps == 0:  # the last steps' window goes into the final row
                 out.append("on_log")
             if eval_steps and (step % eval_steps == 0 or last):
                 out += ev_block

@@ -206,3 +206,40 @@ def test_model_card_of_a_relative_output_dir_is_named_after_the_folder(make_args
     trainer.create_model_card()
     card = (folder / "README.md").read_text()
     assert "# my-run" in card and "# None" not in card
+
+
+def test_reduce_lr_on_plateau_with_a_log_override_sees_only_evaluation_rows_until_the_last(tmp_path):
+    """transformers' own test_reduce_lr_on_plateau: a `log` override adds the learning rate, and every
+    log row but the final one is an evaluation's (the last steps' loss is in the final row)."""
+    from conftest import RegressionDataset, RegressionModel
+
+    from trainwright import Trainer, TrainingArguments
+
+    class WithRates(Trainer):
+        def log(self, logs, start_time=None):
+            if hasattr(self.lr_scheduler, "_last_lr"):
+                logs["learning_rate"] = self.lr_scheduler._last_lr[0]
+            super().log(logs)
+
+    args = TrainingArguments(
+        str(tmp_path),
+        lr_scheduler_type="reduce_lr_on_plateau",
+        eval_strategy="epoch",
+        metric_for_best_model="eval_loss",
+        num_train_epochs=10,
+        learning_rate=0.2,
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        save_strategy="no",
+    )
+    trainer = WithRates(
+        RegressionModel(),
+        args,
+        train_dataset=RegressionDataset(length=64),
+        eval_dataset=RegressionDataset(length=64),
+    )
+    trainer.train()
+    rows = trainer.state.log_history
+    assert len(rows) == 11 and all("eval_loss" in row for row in rows[:-1])
+    assert {"loss", "train_loss", "learning_rate"} <= set(rows[-1])

@@ -52,8 +52,6 @@ class DefaultFlowCallback(TrainerCallback):
 
         if step >= state.max_steps:
             control.should_training_stop = True
-            if step_logging:
-                control.should_log = True
             if step_eval and not _every(step, state.eval_steps) and eval_started:
                 control.should_evaluate = True
             if strategy_is(args.save_strategy, "steps"):

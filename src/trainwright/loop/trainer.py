@@ -462,8 +462,11 @@ class Trainer(TrainerAPI):
     def _finalize_training(self, run: TrainingRun) -> TrainOutput:
         cursor, args = run.cursor, self.args
         run.checkpointer.wait()  # the last checkpoint durable (its on_save fired) before the best loads
+        window: dict[str, float] = {}
         if cursor.steps_since_log > 0 and args.logging_strategy != "no":
-            self._log_training_window(run.grad_norm, run.last_lr, run.start_time)  # the last partial window
+            # the last steps' loss, seen in the final row (a row of its own would be one without the
+            # evaluation keys among the evaluation rows, which upstream's callers do not expect)
+            window = self._training_window_row(run.grad_norm, run.last_lr)
         elif cursor.steps_since_log > 0:  # unlogged steps still count in train_loss
             self._fold_loss_window()
         train_loss = run.train_loss()
@@ -479,7 +482,9 @@ class Trainer(TrainerAPI):
         metrics["total_flos"] = self.state.total_flos
         metrics["train_loss"] = train_loss
         self._memory_tracker.stop_and_update_metrics("train", metrics)
-        self.log(metrics)
+        row = {**window, **metrics}
+        self.log(row)
+        metrics.update((k, v) for k, v in row.items() if k not in window)  # what log added (epoch), as upstream
         if args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
             self._load_best_model()
         run.checkpointer.keep_only_best()

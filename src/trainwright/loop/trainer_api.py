@@ -323,6 +323,12 @@ class TrainerAPI(TrainerSetup):
     def _log_training_window(
         self, grad_norm: Any = None, learning_rate: float | None = None, start_time: float | None = None
     ) -> None:
+        logs = self._training_window_row(grad_norm, learning_rate)
+        call_log(self.log, logs, start_time)  # also an override with the older log(self, logs)
+
+    def _training_window_row(self, grad_norm: Any = None, learning_rate: float | None = None) -> dict[str, float]:
+        """The log row of the unlogged steps (read out of the window): their mean loss, the steps
+        without targets or with non-finite losses, the last gradient norm and learning rate."""
         cursor = self.cursor
         steps = cursor.steps_since_log
         reading = self._read_loss_window()
@@ -335,7 +341,7 @@ class TrainerAPI(TrainerSetup):
             logs["grad_norm"] = grad_norm.item() if isinstance(grad_norm, torch.Tensor) else float(grad_norm)
         if learning_rate is not None:
             logs["learning_rate"] = float(learning_rate)
-        call_log(self.log, logs, start_time)  # also an override with the older log(self, logs)
+        return logs
 
     def _fold_loss_window(self) -> None:
         self._read_loss_window()
