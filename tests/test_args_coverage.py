@@ -87,7 +87,7 @@ BEHAVIOUR_TESTS: dict[str, str] = {
     "logging_strategy": "tests/test_callbacks_core.py::test_no_logging_strategy_logs_nothing",
     "logging_steps": "tests/test_callbacks_core.py::test_logging_steps_and_final_partial_window",
     "logging_first_step": "tests/test_callbacks_core.py::test_logging_first_step",
-    "logging_nan_inf_filter": "tests/test_nothing_silent.py::test_a_window_of_only_nan_steps_logs_nan_not_zero",
+    "logging_nan_inf_filter": "tests/test_nothing_silent.py::test_a_window_of_only_nan_steps_is_nan_or_filtered_never_zero",
     "logging_dir": "tests/test_reporters_tensorboard.py::test_logging_dir_argument_and_trial_subfolders",
     "log_on_each_node": f"{_DIST}::test_two_nodes_over_loopback_train_like_one_node",
     "log_level": f"{_FIELDS}::test_log_level_sets_trainwright_and_transformers_levels",

@@ -31,18 +31,33 @@ class NaNAfter(RegressionModel):
 
 
 @pytest.mark.parametrize("filter_nonfinite", [True, False])
-def test_a_window_of_only_nan_steps_logs_nan_not_zero(make_args, caplog, filter_nonfinite):
+def test_a_window_of_only_nan_steps_is_nan_or_filtered_never_zero(make_args, caplog, filter_nonfinite):
     args = make_args(
         max_steps=6, logging_steps=3, per_device_train_batch_size=4, logging_nan_inf_filter=filter_nonfinite
     )
     trainer = Trainer(model=NaNAfter(start=4), args=args, train_dataset=RegressionDataset())
     with caplog.at_level(logging.WARNING, logger="trainwright"):
         out = trainer.train()
-    first, second = [r for r in trainer.state.log_history if "loss" in r]
+    first, second = [r for r in trainer.state.log_history if "loss" in r or "nonfinite_steps" in r][:2]
     assert math.isfinite(first["loss"]) and "nonfinite_steps" not in first
-    assert math.isnan(second["loss"]) and second["nonfinite_steps"] == 3
-    assert math.isnan(out.training_loss)
+    assert second["nonfinite_steps"] == 3 and "steps_without_targets" not in second
     assert "Non-finite training loss in 3 of the steps 4-6" in caplog.text
+    if filter_nonfinite:  # filtered as documented: nothing finite to average, so no loss in the row
+        assert "loss" not in second and "filtered out by logging_nan_inf_filter" in caplog.text
+        assert out.training_loss == pytest.approx(first["loss"])  # the steps that had a finite loss
+    else:  # the NaN stays visible
+        assert math.isnan(second["loss"]) and math.isnan(out.training_loss)
+
+
+@pytest.mark.parametrize("filter_nonfinite", [True, False])
+def test_divergence_callback_sees_a_diverged_window_whether_filtered_or_not(make_args, filter_nonfinite):
+    args = make_args(
+        max_steps=20, logging_steps=1, per_device_train_batch_size=4, logging_nan_inf_filter=filter_nonfinite
+    )
+    stop = DivergenceCallback(max_nonfinite_steps=5)  # a single diverged row stops it at once
+    trainer = Trainer(model=NaNAfter(start=3), args=args, train_dataset=RegressionDataset(), callbacks=[stop])
+    trainer.train()
+    assert trainer.state.global_step == 3
 
 
 def test_filtered_window_counts_its_nonfinite_steps(make_args):

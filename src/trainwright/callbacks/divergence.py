@@ -33,10 +33,11 @@ class DivergenceCallback(TrainerCallback):
     def on_log(
         self, args: Any, state: TrainerState, control: TrainerControl, logs: dict | None = None, **kwargs: Any
     ) -> None:
-        if not logs or "loss" not in logs:
+        if not logs or ("loss" not in logs and "nonfinite_steps" not in logs):
             return
         self.nonfinite_steps += int(logs.get("nonfinite_steps", 0))
-        loss = logs["loss"]
+        # a row whose every step diverged: its loss is NaN, or, with logging_nan_inf_filter, absent
+        loss = logs.get("loss", float("nan"))
         if not math.isfinite(loss) or self.nonfinite_steps > self.max_nonfinite_steps:
             logger.error(
                 "Training diverged at step %d (loss %s, %d non-finite steps so far): stopping without saving.",

@@ -484,7 +484,9 @@ class Trainer(TrainerAPI):
         self._memory_tracker.stop_and_update_metrics("train", metrics)
         row = {**window, **metrics}
         self.log(row)
-        metrics.update((k, v) for k, v in row.items() if k not in window)  # what log added (epoch), as upstream
+        metrics.update(
+            (k, v) for k, v in row.items() if k not in window
+        )  # what log added (epoch), as upstream
         if args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
             self._load_best_model()
         run.checkpointer.keep_only_best()

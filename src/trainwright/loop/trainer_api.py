@@ -326,7 +326,9 @@ class TrainerAPI(TrainerSetup):
         logs = self._training_window_row(grad_norm, learning_rate)
         call_log(self.log, logs, start_time)  # also an override with the older log(self, logs)
 
-    def _training_window_row(self, grad_norm: Any = None, learning_rate: float | None = None) -> dict[str, float]:
+    def _training_window_row(
+        self, grad_norm: Any = None, learning_rate: float | None = None
+    ) -> dict[str, float]:
         """The log row of the unlogged steps (read out of the window): their mean loss, the steps
         without targets or with non-finite losses, the last gradient norm and learning rate."""
         cursor = self.cursor
@@ -335,8 +337,9 @@ class TrainerAPI(TrainerSetup):
         logs: dict[str, float] = {"loss": reading.total / reading.counted} if reading.counted else {}
         if reading.nonfinite:
             logs["nonfinite_steps"] = reading.nonfinite
-        if reading.counted < steps:  # steps whose batches held no label target: no loss, no update
-            logs["steps_without_targets"] = steps - reading.counted
+        empty = steps - reading.counted - reading.filtered
+        if empty:  # steps whose batches held no label target: no loss, no update
+            logs["steps_without_targets"] = empty
         if grad_norm is not None:
             logs["grad_norm"] = grad_norm.item() if isinstance(grad_norm, torch.Tensor) else float(grad_norm)
         if learning_rate is not None:
@@ -352,19 +355,28 @@ class TrainerAPI(TrainerSetup):
         assert self._run is not None  # training windows are read while a run trains
         run = self._run
         cursor = run.cursor
-        reading = run.losses.read(cursor.steps_since_log, self.runtime, self.args.logging_nan_inf_filter)
+        filtering = self.args.logging_nan_inf_filter
+        reading = run.losses.read(cursor.steps_since_log, self.runtime, filtering)
         first = self.state.global_step - cursor.steps_since_log + 1
         if reading.first_nonfinite is not None:
             run.note_nonfinite(first + reading.first_nonfinite)
+            every = not math.isfinite(reading.total)
             logger.warning(
                 "Non-finite training loss in %d of the steps %d-%d%s.",
                 reading.nonfinite,
                 first,
                 self.state.global_step,
-                " (every one: the logged loss is NaN)"
-                if not math.isfinite(reading.total)
+                (
+                    " (every one: filtered out by logging_nan_inf_filter, the row has no loss)"
+                    if filtering
+                    else " (every one: the logged loss is NaN)"
+                )
+                if every
                 else " (left out of the logged mean: logging_nan_inf_filter)",
             )
+            if every and filtering:  # nothing finite to average: these steps have no loss, as empty ones
+                cursor.steps_without_targets += reading.counted
+                reading = reading._replace(total=0.0, counted=0, filtered=reading.counted)
         cursor.loss_logged_total += reading.total
         cursor.steps_since_log = 0
         return reading

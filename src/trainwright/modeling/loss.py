@@ -268,6 +268,7 @@ class WindowReading(NamedTuple):
     counted: int
     nonfinite: int
     first_nonfinite: int | None
+    filtered: int = 0  # steps whose non-finite losses `logging_nan_inf_filter` left out, none finite
 
 
 class LossWindow:
