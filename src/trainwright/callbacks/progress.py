@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Mapping
@@ -33,6 +34,16 @@ def format_logs(logs: Mapping[str, Any], max_str_len: int | None = None) -> dict
     return shown
 
 
+def _duration(seconds: float) -> str:
+    """`1h02m`, `3m05s`, `12s` (`?` when unknown)."""
+    if seconds != seconds or seconds == float("inf"):
+        return "?"
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
 def _has_length(obj: Any) -> bool:
     try:
         return len(obj) is not None
@@ -45,9 +56,9 @@ class ProgressCallback(TrainerCallback):
 
     On a terminal: a tqdm bar over `max_steps` (postfix: last loss and learning rate), a second bar
     during evaluation/prediction, and each log row written above the bars. When the output is not
-    a terminal (CI logs, files) no bar is drawn, since every redraw would become a line: each log
-    row is printed as one line prefixed with `[step/max_steps]`, plus one line at the start and
-    end of training. Rows logged outside training (a standalone `evaluate()`) are printed too,
+    a terminal (CI logs, nohup, Slurm) no bar is drawn, since every redraw would become a line: each
+    log row is printed as one line prefixed with `[step/max_steps]`, one line at the start and end
+    of training, and, every `every` seconds, a progress line (step, percent, steps/s, time left). Rows logged outside training (a standalone `evaluate()`) are printed too,
     where transformers drops them.
 
     Args:
@@ -55,17 +66,30 @@ class ProgressCallback(TrainerCallback):
         stream: where bars (and, when given, log lines) go; default: bars to stderr, lines to stdout.
         is_tty: force terminal (True) or plain (False) mode; default: bars in a notebook or when
             `stream.isatty()` (stderr's) is true.
+        every: seconds between progress lines off a terminal (default: `TRAINWRIGHT_PROGRESS_EVERY`,
+            else 30; 0 turns them off).
     """
 
-    def __init__(self, max_str_len: int = 100, *, stream: IO[str] | None = None, is_tty: bool | None = None):
+    def __init__(
+        self,
+        max_str_len: int = 100,
+        *,
+        stream: IO[str] | None = None,
+        is_tty: bool | None = None,
+        every: float | None = None,
+    ):
         self.max_str_len = max_str_len
         self.stream = stream
         self.is_tty = is_tty
+        # off a terminal: a progress line every `every` seconds (TRAINWRIGHT_PROGRESS_EVERY, default 30)
+        self.every = every if every is not None else float(os.environ.get("TRAINWRIGHT_PROGRESS_EVERY", 30))
+        self._next_line = 0.0
         self.training_bar: Any = None
         self.prediction_bar: Any = None
         self.current_step = 0
         self._training = False
         self._start = 0.0
+        self._first_step = 0
         self._postfix: dict[str, str] = {}
 
     # -- helpers ----------------------------------------------------------------------------
@@ -103,11 +127,25 @@ class ProgressCallback(TrainerCallback):
             )
         else:
             self._print(f"Training: {state.max_steps} steps (starting at step {state.global_step})")
+            self._first_step, self._next_line = state.global_step, self._start + self.every
 
     def on_step_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self.training_bar is not None:
             self.training_bar.update(state.global_step - self.current_step)
+        elif self._training and self.every > 0 and time.monotonic() >= self._next_line:
+            self._progress_line(state)
         self.current_step = state.global_step
+
+    def _progress_line(self, state: TrainerState) -> None:
+        """Off a terminal, what the bar would show: step, percent, rate and time left."""
+        now = time.monotonic()
+        self._next_line = now + self.every
+        done, total = state.global_step, max(state.max_steps, 1)
+        rate = (done - self._first_step) / max(now - self._start, 1e-9)
+        left = (total - done) / rate if rate > 0 else float("inf")
+        self._print(
+            f"[{done}/{total}] {100 * done / total:.0f}% {rate:.3g} steps/s, about {_duration(left)} left"
+        )
 
     def on_prediction_step(
         self,
