@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import socket
+import time
 
 import pytest
 from reporter_testkit import TinyModel, drive, make_args, make_state
@@ -130,3 +131,35 @@ def test_writer_failure_disables_the_reporter(tmp_path, monkeypatch, caplog):
     drive(reporter, args, LOGS[1:2])
     assert reporter.disabled
     assert len([r for r in caplog.records if "tensorboard reporter is disabled" in r.getMessage()]) == 1
+
+
+def test_an_evaluate_after_train_writes_into_the_same_run_folder(tmp_path, monkeypatch):
+    """A real Trainer, `report_to="tensorboard"`: train() then evaluate() leave one run folder under
+    output_dir/runs, holding the training and the final evaluation's scalars (transformers writes one)."""
+    from conftest import RegressionDataset, RegressionModel
+
+    from trainwright import Trainer, TrainingArguments
+
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=4,
+        logging_steps=2,
+        report_to="tensorboard",
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    trainer = Trainer(
+        model=RegressionModel(),
+        args=args,
+        train_dataset=RegressionDataset(),
+        eval_dataset=RegressionDataset(16),
+    )
+    trainer.train()
+    time.sleep(1.1)  # a run folder's name has the time to the second: a new folder would be another name
+    trainer.evaluate()
+    (run,) = os.listdir(tmp_path / "runs")
+    acc = load(tmp_path / "runs" / run)
+    assert [step for step, _ in scalars(acc, "train/loss")] == [2, 4]
+    assert [step for step, _ in scalars(acc, "eval/loss")] == [4]

@@ -7,7 +7,7 @@ Keys added to each training log row (a row with "loss"):
 ``throughput/samples_per_sec``         samples of all processes in the window / window seconds
 ``throughput/tokens_per_sec``          same for tokens (only when the batches carry tokens)
 ``throughput/flops_per_sec``           same for FLOPs (only when the Trainer counts FLOPs)
-``throughput/device/<x>_per_sec``      each of the above / world size
+``throughput/device/<x>_per_sec``      each of the above / world size (several processes only)
 ``throughput/device/mfu``              device FLOP/s / the device's dense peak (when known)
 ``time/train``                         training wall time, evaluation excluded, across resumes
 ``time/val``                           wall time of evaluate() and predict() calls
@@ -252,7 +252,8 @@ class SpeedMonitor(TrainerCallback):
             rates["flops"] = flop_count / elapsed
         for name, rate in rates.items():
             logs[f"throughput/{name}_per_sec"] = rate
-        for name, rate in rates.items():
-            logs[f"throughput/device/{name}_per_sec"] = rate / world_size
+        if world_size > 1:  # with one process they would repeat the rates above
+            for name, rate in rates.items():
+                logs[f"throughput/device/{name}_per_sec"] = rate / world_size
         if "flops" in rates and self.peak_flops:
             logs["throughput/device/mfu"] = rates["flops"] / world_size / self.peak_flops

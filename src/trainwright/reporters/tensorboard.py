@@ -27,8 +27,9 @@ class TensorBoardCallback(Reporter):
     """Writes every logged number as a scalar at `state.global_step`, strings as text, the
     arguments as text and as TensorBoard hparams, and the model config as text.
 
-    Folder: `TENSORBOARD_LOGGING_DIR`, else `args.logging_dir`, else `default_logdir(output_dir)`;
-    one subfolder per trial in a hyperparameter search. A writer passed in is used as is (flushed,
+    Folder: `TENSORBOARD_LOGGING_DIR`, else `args.logging_dir`, else `default_logdir(output_dir)`,
+    chosen once (an `evaluate()` after `train()` writes into the same run, as upstream); one
+    subfolder per trial in a hyperparameter search. A writer passed in is used as is (flushed,
     not closed, at the end of training); one this reporter made is closed then.
     """
 
@@ -41,17 +42,18 @@ class TensorBoardCallback(Reporter):
         super().__init__()
         self.tb_writer = tb_writer
         self._own_writer = False
+        self._default_dir: str | None = None  # chosen once: a later evaluate() writes beside train()
 
     def service_address(self) -> str | None:
         return None  # local event files: written on the training thread
 
     def log_dir(self, args: Any, state: Any) -> str:
         """Where this run's event files go."""
-        log_dir = (
-            os.environ.get("TENSORBOARD_LOGGING_DIR")
-            or getattr(args, "logging_dir", None)
-            or default_logdir(args.output_dir)
-        )
+        log_dir = os.environ.get("TENSORBOARD_LOGGING_DIR") or getattr(args, "logging_dir", None)
+        if not log_dir:
+            if self._default_dir is None:
+                self._default_dir = default_logdir(args.output_dir)
+            log_dir = self._default_dir
         if state.is_hyper_param_search and state.trial_name:
             log_dir = os.path.join(log_dir, str(state.trial_name))
         return log_dir
@@ -101,7 +103,7 @@ class TensorBoardCallback(Reporter):
             return
         if self._own_writer:
             self.tb_writer.close()
-            self.tb_writer = None  # the next train() (e.g. the next trial) opens a new folder
+            self.tb_writer = None  # reopened in the same folder (a trial: its own subfolder)
             self._own_writer = False
         else:
             self.tb_writer.flush()
