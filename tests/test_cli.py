@@ -27,6 +27,9 @@ def test_demo_runs_a_real_short_training(tmp_path):
     )
     assert summary["steps"] == 30
     assert summary["eval_loss_after"] < summary["eval_loss_before"] - 1.0  # bytes: ~5.5 -> clearly lower
+    with open(os.path.join(tmp_path, "demo", "trainer_state.json")) as f:
+        evaluations = [r["step"] for r in json.load(f)["log_history"] if "eval_loss" in r]
+    assert evaluations == [30]  # the one at the last step, not run (and printed) a second time
     for name in (
         "model.safetensors",
         "trainer_state.json",

@@ -68,7 +68,7 @@ def run_demo(output_dir: str = "trainwright_demo", max_steps: int = 600, **overr
     start = time.time()
     before = trainer.evaluate()
     result = trainer.train()
-    after = trainer.evaluate()
+    after = _final_evaluation(trainer)
     trainer.save_model()
     trainer.save_state()
     trainer.log_metrics("train", result.metrics)
@@ -96,6 +96,16 @@ def run_demo(output_dir: str = "trainwright_demo", max_steps: int = 600, **overr
     if trainer.is_world_process_zero():
         _print_summary(summary)
     return summary
+
+
+def _final_evaluation(trainer: Any) -> dict[str, Any]:
+    """The evaluation of the trained model: the one training ran at its last step (eval_steps divides
+    max_steps), else a new one; not the same evaluation twice."""
+    step = trainer.state.global_step
+    last = [r for r in trainer.state.log_history if "eval_loss" in r and r.get("step") == step]
+    if last:
+        return {k: v for k, v in last[-1].items() if k.startswith("eval_") or k == "epoch"}
+    return trainer.evaluate()
 
 
 def speed_window(args: Any) -> int:
