@@ -229,3 +229,60 @@ def test_an_existing_file_as_output_dir_is_one_line(tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     assert main(["train", _config(tmp_path, output_dir=str(tmp_path / "afile"))]) == 2
     assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    from trainwright.core.version import __version__
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"trainwright {__version__}"
+
+
+def test_a_hub_name_as_tokenizer_is_refused_in_one_line(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    assert main(["train", _config(tmp_path, tokenizer_name_or_path="gpt2")]) == 2
+    assert "tokenizer_name_or_path='gpt2' is not a local folder" in capsys.readouterr().err
+
+
+def test_a_model_takes_its_special_tokens_from_the_tokenizer_and_documents_end_with_eos(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    import hf_fixtures
+
+    from trainwright.app.train_script import encode_documents
+
+    tok_dir = str(tmp_path / "tok")
+    tok = hf_fixtures.train_tokenizer(tok_dir)
+    with open(tmp_path / "train.jsonl", "w") as f:
+        for i in range(40):
+            f.write(json.dumps({"text": f"the quick brown fox number {i} jumps over the lazy dog"}) + "\n")
+    small = {"n_layer": 1, "n_embd": 16, "n_head": 2, "n_positions": 32}
+    config = _config(
+        tmp_path,
+        model_type="gpt2",
+        model_config=small,
+        tokenizer_name_or_path=tok_dir,
+        train_file=str(tmp_path / "train.jsonl"),
+    )
+    assert main(["train", config]) == 0
+    saved = transformers.AutoConfig.from_pretrained(str(tmp_path / "run"))
+    ids = (saved.bos_token_id, saved.eos_token_id, saved.pad_token_id)
+    assert ids == (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
+    assert all(i < saved.vocab_size for i in ids)  # not GPT-2's 50256 beside a 300-token vocabulary
+    model = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "run"))
+    assert model.generation_config.eos_token_id == tok.eos_token_id  # generate() can stop
+    ids = encode_documents(["first text", "second text"], tok)
+    assert ids.count(tok.eos_token_id) == 2 and ids[-1] == tok.eos_token_id
+
+
+def test_resume_from_checkpoint_alone_takes_the_newest_and_speed_monitor_logs_throughput(tmp_path):
+    config = _config(tmp_path, save_steps=1, logging_steps=2, speed_monitor=True)
+    assert main(["train", config]) == 0
+    assert main(["train", config, "--max_steps", "4", "--resume_from_checkpoint"]) == 0
+    with open(tmp_path / "run" / "checkpoint-4" / "data_state.json") as f:
+        assert json.load(f)["cursor"]["first_step_of_call"] == 2  # continued checkpoint-2
+    with open(tmp_path / "run" / "trainer_state.json") as f:
+        rows = json.load(f)["log_history"]
+    assert any("throughput/tokens_per_sec" in r for r in rows)
+    assert main(["train", config, "--max_steps", "6", "--resume_from_checkpoint", "last"]) == 0
+    with open(tmp_path / "run" / "checkpoint-6" / "data_state.json") as f:
+        assert json.load(f)["cursor"]["first_step_of_call"] == 4

@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-USAGE = """usage: trainwright [--debug] <command> [options]
+USAGE = """usage: trainwright [--debug] <command> [options]   |   trainwright --version
 
 commands:
   demo [--output_dir DIR] [--max_steps N]   train a small GPT on text that ships with Python
@@ -87,6 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = bool(argv) and argv[0] == "--debug"
     if debug:
         argv = argv[1:]
+    if argv and argv[0] in ("--version", "-V"):
+        from trainwright.core.version import __version__
+
+        print(f"trainwright {__version__}")
+        return 0
     if argv and argv[0] == "run":  # the script's own logging, errors and exit code, as under python
         from trainwright.app.run_script import run_script
 

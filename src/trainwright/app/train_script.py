@@ -42,6 +42,9 @@ class DataArguments:
     validation_file: str | None = field(default=None, metadata={"help": ".txt or .jsonl file for evaluation"})
     text_column: str = field(default="text", metadata={"help": "field holding the text in .jsonl files"})
     block_size: int = field(default=128, metadata={"help": "tokens per training example"})
+    speed_monitor: bool = field(
+        default=False, metadata={"help": "log throughput (tokens/s) and MFU with each training row"}
+    )
 
 
 class TokenBlocks(Dataset):
@@ -61,25 +64,63 @@ class TokenBlocks(Dataset):
         return {"input_ids": chunk, "labels": chunk}
 
 
-def read_text(path: str, text_column: str) -> str:
+def read_documents(path: str, text_column: str) -> list[str]:
+    """The documents of a data file: a .txt file is one, a .jsonl file one per record."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Data file not found: {path}")
-    if path.endswith(".jsonl"):
-        parts = []
+    if not path.endswith(".jsonl"):
         with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if line.strip():
-                    row = json.loads(line)
-                    if text_column not in row:
-                        raise ValueError(f"{path}:{n}: no {text_column!r} field (fields: {sorted(row)}).")
-                    parts.append(row[text_column])
-        return "\n\n".join(parts)
+            return [f.read()]
+    docs = []
     with open(path, encoding="utf-8") as f:
-        return f.read()
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                row = json.loads(line)
+                if text_column not in row:
+                    raise ValueError(f"{path}:{n}: no {text_column!r} field (fields: {sorted(row)}).")
+                docs.append(row[text_column])
+    return docs
 
 
-def build_model(margs: ModelArguments, vocab_size: int, block_size: int) -> torch.nn.Module:
-    """The model the config asks for; a key, type or size it cannot have is a ValueError naming it."""
+def encode_documents(docs: list[str], tokenizer: Any) -> list[int]:
+    """Token ids of the documents one after the other: with a tokenizer, each ends with its EOS token
+    (where it has one), so a model learns where a document stops; else UTF-8 bytes, documents
+    separated by a blank line."""
+    if tokenizer is None:
+        return list("\n\n".join(docs).encode("utf-8"))
+    eos = tokenizer.eos_token_id
+    ids: list[int] = []
+    for doc in docs:
+        piece = list(tokenizer(doc)["input_ids"])
+        ids += piece + ([eos] if eos is not None and (not piece or piece[-1] != eos) else [])
+    return ids
+
+
+def load_tokenizer(path: str) -> Any:
+    """A tokenizer from a local folder, without the network (a Hub name is refused in one line)."""
+    if not os.path.isdir(path):
+        raise ValueError(
+            f"tokenizer_name_or_path={path!r} is not a local folder: trainwright train reads local files only. "
+            "Save the tokenizer with save_pretrained(folder) and give that folder."
+        )
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def special_token_ids(tokenizer: Any) -> dict[str, int | None]:
+    """bos / eos / pad ids of a model config from its tokenizer (none without one: bytes have none)."""
+    return {
+        f"{name}_token_id": getattr(tokenizer, f"{name}_token_id", None) if tokenizer is not None else None
+        for name in ("bos", "eos", "pad")
+    }
+
+
+def build_model(
+    margs: ModelArguments, vocab_size: int, block_size: int, tokenizer: Any = None
+) -> torch.nn.Module:
+    """The model the config asks for (its special tokens the tokenizer's); a key, type or size it
+    cannot have is a ValueError naming it."""
     if margs.model_config is not None and not isinstance(margs.model_config, dict):
         raise ValueError(
             f"model_config={margs.model_config!r}: expected a mapping of config fields to values"
@@ -112,9 +153,8 @@ def build_model(margs: ModelArguments, vocab_size: int, block_size: int) -> torc
     config_class = known[margs.model_type]
     names = set(config_class().to_dict()) | set(inspect.signature(config_class.__init__).parameters)
     _refuse_unknown_keys(margs.model_config or {}, sorted(names - {"self", "kwargs"}), margs.model_type)
-    config = transformers.AutoConfig.for_model(
-        margs.model_type, vocab_size=vocab_size, **(margs.model_config or {})
-    )
+    values = {"vocab_size": vocab_size, **special_token_ids(tokenizer), **(margs.model_config or {})}
+    config = transformers.AutoConfig.for_model(margs.model_type, **values)
     return transformers.AutoModelForCausalLM.from_config(config)
 
 
@@ -152,9 +192,10 @@ downloaded. Every config key can also be given as --KEY VALUE, which overrides t
 
 config keys (docs/train_config.md has a complete config):
   model:     model_type, model_config, model_name_or_path, tokenizer_name_or_path
-  data:      train_file (required), validation_file, text_column, block_size
+  data:      train_file (required), validation_file, text_column, block_size, speed_monitor
   training:  any TrainingArguments field: output_dir, max_steps or num_train_epochs,
              per_device_train_batch_size, learning_rate, eval_strategy, save_steps, report_to, ...
+             --resume_from_checkpoint (alone or `last`): the newest checkpoint in output_dir
 
 example:
   model_type: gpt2
@@ -195,41 +236,59 @@ def train_parser() -> Any:
     )
 
 
+# `--resume_from_checkpoint` alone, or with one of these: the newest complete checkpoint in output_dir
+_NEWEST = ("last", "latest", "true", "True")
+
+
+def _resume_flag(argv: Sequence[str]) -> list[str]:
+    """The command line with a bare `--resume_from_checkpoint` read as `--resume_from_checkpoint last`."""
+    out = list(argv)
+    for i, token in enumerate(out):
+        if token == "--resume_from_checkpoint" and (i + 1 == len(out) or out[i + 1].startswith("--")):
+            out.insert(i + 1, "last")
+            break
+    return out
+
+
 def run_train(argv: Sequence[str]) -> dict[str, float]:
     from trainwright.loop.trainer import Trainer
 
     parser = train_parser()
-    margs, dargs, targs = parser.parse_args_into_dataclasses(args=list(argv), look_for_args_file=False)
+    margs, dargs, targs = parser.parse_args_into_dataclasses(
+        args=_resume_flag(argv), look_for_args_file=False
+    )
     if dargs.train_file is None:
         raise ValueError("train_file is required (a local .txt or .jsonl file).")
     if not isinstance(dargs.block_size, int) or dargs.block_size < 1:
         raise ValueError(f"block_size={dargs.block_size!r}: tokens per training example, an integer >= 1")
-    tokenizer = None
-    if margs.tokenizer_name_or_path:
-        import transformers
-
-        tokenizer = transformers.AutoTokenizer.from_pretrained(margs.tokenizer_name_or_path)
-
-    def encode(text: str) -> list[int]:
-        return tokenizer(text)["input_ids"] if tokenizer is not None else list(text.encode("utf-8"))
-
+    tokenizer = load_tokenizer(margs.tokenizer_name_or_path) if margs.tokenizer_name_or_path else None
     vocab = len(tokenizer) if tokenizer is not None else 256
-    train_ds = TokenBlocks(
-        encode(read_text(dargs.train_file, dargs.text_column)), dargs.block_size, dargs.train_file
-    )
-    eval_ds = None
-    if dargs.validation_file:
-        eval_ds = TokenBlocks(
-            encode(read_text(dargs.validation_file, dargs.text_column)),
-            dargs.block_size,
-            dargs.validation_file,
+
+    def blocks(path: str) -> TokenBlocks:
+        return TokenBlocks(
+            encode_documents(read_documents(path, dargs.text_column), tokenizer), dargs.block_size, path
         )
-    model = build_model(margs, vocab, dargs.block_size)
+
+    train_ds = blocks(dargs.train_file)
+    eval_ds = blocks(dargs.validation_file) if dargs.validation_file else None
+    model = build_model(margs, vocab, dargs.block_size, tokenizer)
     check_block_size(model, dargs.block_size)
+    callbacks: list[Any] = []
+    if dargs.speed_monitor:
+        from trainwright.app.demo import speed_window
+        from trainwright.callbacks import SpeedMonitor
+
+        callbacks.append(SpeedMonitor(window_size=speed_window(targs), time_unit="seconds"))
     trainer = Trainer(
-        model=model, args=targs, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tokenizer
+        model=model,
+        args=targs,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        processing_class=tokenizer,
+        callbacks=callbacks,
     )
-    result = trainer.train(resume_from_checkpoint=targs.resume_from_checkpoint)
+    resume = targs.resume_from_checkpoint
+    result = trainer.train(resume_from_checkpoint=True if resume in _NEWEST else resume)
     trainer.save_model()
     trainer.save_state()
     trainer.log_metrics("train", result.metrics)
