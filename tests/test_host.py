@@ -44,3 +44,25 @@ def test_the_start_line_of_training_says_it(make_args, caplog):
     start = [r.getMessage() for r in caplog.records if "Running training" in r.getMessage()]
     assert len(start) == 1
     assert f"threads={torch.get_num_threads()} (CPUs={host.usable_cpus()}, load=" in start[0]
+
+
+def test_the_demo_takes_the_cpus_that_are_free(monkeypatch):
+    import torch
+
+    from trainwright.app import demo
+    from trainwright.observe import host
+
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(host, "usable_cpus", lambda: 8)
+    try:
+        monkeypatch.setattr(host, "load_average", lambda: 7.2)
+        assert demo.pick_threads() == (1, "8 CPUs, load 7.20: the CPUs that are free")
+        assert torch.get_num_threads() == 1
+        monkeypatch.setattr(host, "load_average", lambda: 2.6)
+        assert demo.pick_threads()[0] == 5 and torch.get_num_threads() == 5
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's word wins
+        torch.set_num_threads(3)
+        assert demo.pick_threads() == (3, "OMP_NUM_THREADS")
+    finally:
+        torch.set_num_threads(before)

@@ -30,6 +30,7 @@ def run_demo(output_dir: str = "trainwright_demo", max_steps: int = 600, **overr
     from trainwright.callbacks import SpeedMonitor
     from trainwright.loop.trainer import Trainer
 
+    say_threads(pick_threads())
     torch.manual_seed(0)
     text = demo_text()
     split = int(len(text) * 0.95)
@@ -96,6 +97,25 @@ def run_demo(output_dir: str = "trainwright_demo", max_steps: int = 600, **overr
     if trainer.is_world_process_zero():
         _print_summary(summary)
     return summary
+
+
+def pick_threads() -> tuple[int, str]:
+    """The demo's torch threads: the user's OMP_NUM_THREADS where set, else the CPUs other processes
+    leave free (on a busy machine, one thread per busy CPU only waits; the library itself keeps
+    torch's setting). Returns (threads, why)."""
+    from trainwright.observe import host
+
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads(), "OMP_NUM_THREADS"
+    cpus, load, free = host.usable_cpus(), host.load_average(), host.free_cpus()
+    torch.set_num_threads(free)
+    shown = "?" if load is None else f"{load:.2f}"
+    return free, f"{cpus} CPUs, load {shown}: the CPUs that are free"
+
+
+def say_threads(picked: tuple[int, str]) -> None:
+    threads, why = picked
+    print(f"trainwright demo: {threads} torch thread{'s' if threads != 1 else ''} ({why})", flush=True)
 
 
 def _final_evaluation(trainer: Any) -> dict[str, Any]:

@@ -36,3 +36,11 @@ def threads_and_load() -> str:
     if load is not None and load > cpus and threads > 1:
         hint = ": busier than its CPUs, OMP_NUM_THREADS=1 may run faster"
     return f"threads={threads} (CPUs={cpus}, load={'?' if load is None else f'{load:.2f}'}{hint})"
+
+
+def free_cpus() -> int:
+    """CPUs not kept busy by other processes: usable CPUs less the 1-minute load (at least 1)."""
+    cpus, load = usable_cpus(), load_average()
+    if load is None:
+        return cpus
+    return max(1, min(cpus, int(cpus - load + 0.5)))
