@@ -271,3 +271,43 @@ def test_plot_of_a_real_training_run(make_args):
     titles = _throughput_titles(load_log_history(args.output_dir))
     assert "throughput/samples_per_sec" in titles
     assert not any(t.startswith("throughput/device/") for t in titles)
+
+
+def test_a_figure_has_one_title_axis_labels_and_its_legend_beside_the_curves(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    drawn = {}
+    real_savefig = Figure.savefig
+
+    def keep(fig, path, *args, **kwargs):
+        drawn[os.path.basename(path)] = fig
+        real_savefig(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    for path in plot_run(_write_state(tmp_path, _history())):
+        _check_png(path)  # the real PNG
+    loss = drawn["plot_loss.png"]
+    (ax,) = loss.axes
+    assert loss._suptitle is None and ax.get_title() == "Loss"  # not "Loss" over "loss"
+    assert ax.get_xlabel() == "step" and ax.get_ylabel() == "loss"
+    loss.canvas.draw()
+    legend, plot_area = ax.get_legend().get_window_extent(), ax.get_window_extent()
+    assert legend.x0 >= plot_area.x1  # beside the curves, not over them
+    rates = drawn["plot_throughput.png"]  # several panels: the figure's title, each panel its own
+    assert len(rates.axes) > 1 and rates._suptitle.get_text() == "Throughput"
+    assert [a.get_ylabel() for a in rates.axes] == [a.get_title() for a in rates.axes]
+
+
+def test_a_resumed_run_is_drawn_from_its_full_log_with_the_row_logged_at_a_preemption(tmp_path):
+    history = _history()
+    folder = _write_state(tmp_path, [r for r in history if r["step"] != 10 or "loss" not in r])
+    with open(os.path.join(folder, "logs.jsonl"), "w") as f:  # the JSONL reporter's record of every row
+        for row in history:
+            f.write(json.dumps(row) + "\n")
+    steps = [r["step"] for r in load_log_history(folder) if "loss" in r]
+    assert 10 in steps and steps == sorted(steps)
+    stale = tmp_path / "stale"  # a logs.jsonl that stops before the state: not this run's record
+    folder = _write_state(stale, history)
+    with open(os.path.join(folder, "logs.jsonl"), "w") as f:
+        f.write(json.dumps(history[0]) + "\n")
+    assert load_log_history(folder) == history

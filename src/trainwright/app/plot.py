@@ -1,4 +1,6 @@
-"""`trainwright plot OUTPUT_DIR`: draw a run's log history (trainer_state.json) as PNG files.
+"""`trainwright plot OUTPUT_DIR`: draw a run's log history (logs.jsonl where the JSONL reporter wrote
+it, else trainer_state.json) as PNG files, each figure with one title, axis labels and its legend
+beside the plot.
 
 Figures, each written only when the history has data for it:
 
@@ -17,6 +19,7 @@ canvas directly, without pyplot, so drawing never changes the caller's matplotli
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import numbers
@@ -28,6 +31,7 @@ from trainwright.core.files import read_json_object
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.json"
+JSONL_FILE = "logs.jsonl"  # the JSONL reporter's file: every row, a preemption's included
 THROUGHPUT_FIGURE = "plot_throughput.png"
 # Keys that describe the run (timing, memory, counters) rather than the model's quality.
 _RUN_KEY_MARKERS = ("_runtime", "_per_second", "_mem_", "_compilation_time")
@@ -53,25 +57,63 @@ def plot_run(output_dir: str) -> list[str]:
         )
     written = []
     for name, title, panels in figures:
-        fig = Figure(figsize=(7, 3.2 * len(panels)), layout="constrained")
+        fig = Figure(figsize=(8, 3.2 * len(panels)), layout="constrained")
         FigureCanvasAgg(fig)
         axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
         for ax, (panel_title, series) in zip(axes, panels):
-            for label, (steps, values) in series.items():
-                ax.plot(steps, values, label=label, marker="o" if len(steps) <= 30 else None, markersize=3)
-            ax.set_title(panel_title)
-            ax.set_xlabel("step")
-            ax.grid(True, alpha=0.3)
-            if len(series) > 1:
-                ax.legend()
-        fig.suptitle(title)
+            _draw_panel(ax, title if len(panels) == 1 else panel_title, panel_title, series)
+        if len(panels) > 1:  # one title per figure: a single panel's is the figure's
+            fig.suptitle(title)
         path = os.path.join(output_dir, name)
         fig.savefig(path, dpi=100)
         written.append(path)
     return written
 
 
+def _draw_panel(ax: Any, title: str, quantity: str, series: dict[str, Series]) -> None:
+    """One panel: its curves against the step, axis labels, and a legend outside the plot area
+    (beside it, never over the curves) when there is more than one curve."""
+    for label, (steps, values) in series.items():
+        ax.plot(steps, values, label=label, marker="o" if len(steps) <= 30 else None, markersize=3)
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.set_ylabel(quantity)
+    ax.grid(True, alpha=0.3)
+    if len(series) > 1:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize="small")
+
+
 def load_log_history(output_dir: str) -> list[dict[str, Any]]:
+    """The run's log rows: `output_dir/logs.jsonl` where the JSONL reporter wrote it and it reaches as
+    far as `trainer_state.json` (it also holds the row logged at a preemption, after the checkpoint a
+    resume continues from), else `trainer_state.json`'s `log_history`; a clear error when unreadable."""
+    state_rows = _state_history(output_dir)
+    jsonl = _jsonl_history(os.path.join(output_dir, JSONL_FILE))
+    last_step = max((r.get("step", 0) for r in state_rows if _is_number(r.get("step"))), default=0)
+    if jsonl and max((r.get("step", 0) for r in jsonl if _is_number(r.get("step"))), default=0) >= last_step:
+        return jsonl
+    return state_rows
+
+
+def _jsonl_history(path: str) -> list[dict[str, Any]]:
+    """The rows of a logs.jsonl file ([] when absent or not one row per line)."""
+    if not os.path.isfile(path):
+        return []
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    return []  # not the JSONL reporter's file
+                if not isinstance(row, dict):
+                    return []
+                rows.append(row)
+    return rows
+
+
+def _state_history(output_dir: str) -> list[dict[str, Any]]:
     """The `log_history` rows of `output_dir/trainer_state.json`, with a clear error when unreadable."""
     if not os.path.isdir(output_dir):
         raise FileNotFoundError(f"{output_dir} is not a folder.")
