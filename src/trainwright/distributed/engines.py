@@ -13,23 +13,17 @@ from torch import nn
 
 from trainwright.distributed import fsdp, parallelism
 from trainwright.distributed.engine import DeepSpeedEngine, Engine, FSDPEngine
-from trainwright.distributed.nd_engine import ContextParallelEngine, NDEngine
+from trainwright.distributed.nd_engine import ContextParallelEngine, LoadedLayoutEngine, NDEngine
 
 logger = logging.getLogger(__name__)
 
 
 def build_engine(args: Any, runtime: Any, module: nn.Module) -> Engine:
     """The engine for these arguments and this model."""
-    if getattr(module, "_is_distributed_loading_by_transformers", False):
-        name = type(module).__name__
-        raise ValueError(
-            f"{name} was sharded when it was loaded (from_pretrained(tp_plan=... or distributed_config=...)); "
-            "trainwright lays a model out itself, from TrainingArguments.parallelism_config. Load it without "
-            f'tp_plan / distributed_config and pass parallelism_config={{"tp_size": N, "dp_shard_size": M}}: '
-            f"{name}'s own tensor-parallel plan is applied the same way."
-        )
     if args.deepspeed:
         return DeepSpeedEngine(args, runtime, module)
+    if parallelism.loaded_layout(module, runtime) is not None:  # sharded by transformers' from_pretrained
+        return LoadedLayoutEngine(args, runtime, module)
     sizes = (
         parallelism.requested(args, runtime)
         if getattr(args, "parallelism_config", None) is not None

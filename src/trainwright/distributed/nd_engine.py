@@ -38,7 +38,7 @@ class NDEngine(engine.FSDPEngine):
 
     def __init__(self, args: Any, runtime: Any, module: nn.Module) -> None:
         super().__init__(args, runtime, module)
-        parallelism.check_layout(args, runtime)
+        parallelism.check_layout(args, runtime, module)
         self.layout = runtime.layout
 
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -56,6 +56,17 @@ class NDEngine(engine.FSDPEngine):
                 "without parallelism_config, or start from its weights (from_pretrained) without resuming."
             )
         return super().checkpoint_parts(optimizer, restore_from)
+
+
+class LoadedLayoutEngine(NDEngine):
+    """A model transformers sharded when loading it (`from_pretrained(tp_plan="auto")` under torchrun):
+    its DTensors and tensor-parallel mesh are taken as they are (`parallelism.loaded_layout`), and the
+    run is NDEngine's on that layout: nothing is sharded again, weights are not broadcast (every
+    process loaded its own shard), DCP checkpoints, the clip over DTensors."""
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        setattr(model, parallelism.LAYOUT_MARK, dict(self.layout.sizes))
+        return model
 
 
 class ContextParallelEngine(NDEngine):

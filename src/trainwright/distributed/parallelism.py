@@ -94,10 +94,42 @@ def check_context_parallel(sizes: ParallelismSizes, device: torch.device) -> Non
         ) from None
 
 
-def set_up(args: Any, runtime: Any) -> None:
-    """Give `runtime` the layout `args.parallelism_config` asks for, or none (a Trainer without
-    one trains on every process as one data-parallel rank each). Every process calls it."""
+def loaded_layout(model: Any, runtime: Any) -> ParallelismSizes | None:
+    """The layout a model already has because transformers sharded it when loading it
+    (`from_pretrained(tp_plan="auto")` under torchrun), or None for any other model. Adopted as it
+    is: tensor parallel over every process; another loaded layout is refused naming the way out."""
+    if not getattr(model, "_is_distributed_loading_by_transformers", False):
+        return None
+    mesh = getattr(model, "_device_mesh", None) or getattr(model, "device_mesh", None)
+    dims = dict(zip(getattr(mesh, "mesh_dim_names", None) or (), getattr(mesh, "shape", None) or ()))
+    tp = dims.get("tp", 0)
+    if tp != runtime.world_size or any(n > 1 for name, n in dims.items() if name != "tp"):
+        raise ValueError(
+            f"{type(model).__name__} was sharded when it was loaded, on a mesh {dims or '?'} of "
+            f"{runtime.world_size} processes: trainwright adopts a model loaded with tp_plan over every "
+            "process (tensor parallel only). Load it that way, or without tp_plan / distributed_config and "
+            'pass parallelism_config={"tp_size": N, "dp_shard_size": M}.'
+        )
+    return ParallelismSizes(tp_size=tp)
+
+
+def layout_asked(args: Any, runtime: Any, model: Any = None) -> ParallelismSizes | None:
+    """The layout of a run: the one a model was loaded with, else `parallelism_config`'s (both at
+    once must agree)."""
+    loaded = loaded_layout(model, runtime)
     sizes = requested(args, runtime)
+    if loaded is not None and sizes is not None and sizes.sizes != loaded.sizes:
+        raise ValueError(
+            f"parallelism_config asks for {sizes.describe()}, but {type(model).__name__} was loaded sharded as "
+            f"{loaded.describe()} (from_pretrained(tp_plan=...)): give only one of them."
+        )
+    return loaded or sizes
+
+
+def set_up(args: Any, runtime: Any, model: Any = None) -> None:
+    """Give `runtime` the layout the run trains on (`layout_asked`), or none (a Trainer without
+    one trains on every process as one data-parallel rank each). Every process calls it."""
+    sizes = layout_asked(args, runtime, model)
     runtime.layout = None if sizes is None else layout_of(sizes, runtime)
 
 
@@ -133,10 +165,11 @@ def layout_of(sizes: ParallelismSizes, runtime: Any) -> Layout:
     return cached[1]
 
 
-def check_layout(args: Any, runtime: Any) -> None:
-    """At the start of a run: the runtime still has the layout these arguments asked for (another
-    Trainer built since in this process may have set its own before this one's data was loaded)."""
-    sizes = requested(args, runtime)
+def check_layout(args: Any, runtime: Any, model: Any = None) -> None:
+    """At the start of a run: the runtime still has the layout these arguments (or the loaded model)
+    asked for (another Trainer built since in this process may have set its own before this one's
+    data was loaded)."""
+    sizes = layout_asked(args, runtime, model)
     layout = getattr(runtime, "layout", None)
     now = None if layout is None else layout.sizes
     if (None if sizes is None else sizes.sizes) != now:
