@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 
 from trainwright.app.cli import main
@@ -269,7 +270,19 @@ def test_a_model_takes_its_special_tokens_from_the_tokenizer_and_documents_end_w
     assert ids == (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
     assert all(i < saved.vocab_size for i in ids)  # not GPT-2's 50256 beside a 300-token vocabulary
     model = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "run"))
-    assert model.generation_config.eos_token_id == tok.eos_token_id  # generate() can stop
+    assert model.generation_config.eos_token_id == tok.eos_token_id
+    # generate() stops at EOS: make EOS the likeliest token (tied embeddings: the longest row wins when
+    # the final norm outputs that row), and greedy decoding ends after one token, not at max_new_tokens
+    with torch.no_grad():
+        wte = model.transformer.wte.weight
+        wte[tok.eos_token_id] = wte[tok.eos_token_id] * (
+            10 * wte.norm(dim=1).max() / wte[tok.eos_token_id].norm()
+        )
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.copy_(wte[tok.eos_token_id])
+    prompt = torch.tensor([tok("the quick brown fox")["input_ids"]])
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, do_sample=False)
+    assert out[0, prompt.shape[1] :].tolist() == [tok.eos_token_id]
     ids = encode_documents(["first text", "second text"], tok)
     assert ids.count(tok.eos_token_id) == 2 and ids[-1] == tok.eos_token_id
 
