@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -141,6 +142,18 @@ def make_args(tmp_path):
         return TrainingArguments(**kw)
 
     return make
+
+
+def torchrun_command(nproc: int = 2) -> list[str]:
+    """`python -m torch.distributed.run` on the loopback with a free port; the script and its arguments follow."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+    ]
 
 
 def free_port() -> int:

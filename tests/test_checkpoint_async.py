@@ -16,7 +16,7 @@ import time
 
 import pytest
 import torch
-from conftest import free_port
+from conftest import torchrun_command
 from test_checkpoint_faults import _ZYGOTE_PREAMBLE
 
 import trainwright.checkpoint as ckpt
@@ -533,12 +533,7 @@ def _torchrun(script, *args, timeout: float = 240) -> None:
     }
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}",
+        *torchrun_command(),
         str(script),
         *map(str, args),
     ]

@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 import transformers
-from test_distributed import _env, _finish, free_port
+from conftest import torchrun_command
+from test_distributed import _env, _finish
 from torch.distributed.tensor.experimental._context_parallel._load_balancer import _HeadTailLoadBalancer
 from transformers import BatchEncoding
 
@@ -305,12 +305,8 @@ def test_cp_size_is_accepted_on_cuda_and_refused_on_cpu():
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory) -> list[dict]:
     out = str(tmp_path_factory.mktemp("cp4"))
-    launcher = ["--nproc_per_node=4", "--master_addr=127.0.0.1", f"--master_port={free_port()}"]
     cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        *launcher,
+        *torchrun_command(4),
         os.path.join(HERE, "cp_job.py"),
         json.dumps({"out": out}),
     ]

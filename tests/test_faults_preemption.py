@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import psutil
@@ -147,7 +146,8 @@ def test_torchrun_forwarding_sigterm_with_workers_saves_on_every_rank_and_resume
     """Slurm signals torchrun's process group; torchrun forwards SIGTERM to each rank's whole group
     (rank and workers). Every rank finishes the step, the checkpoint is written, and a resume in new
     processes ends with the weights of the uninterrupted 2-process run."""
-    from test_distributed import _env, free_port, torchrun
+    from conftest import torchrun_command
+    from test_distributed import _env, torchrun
 
     task = {
         "name": "pre",
@@ -166,12 +166,7 @@ def test_torchrun_forwarding_sigterm_with_workers_saves_on_every_rank_and_resume
     torchrun({"out": str(ref_root), "tasks": [task]})
 
     cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}",
+        *torchrun_command(),
         os.path.join(os.path.dirname(__file__), "dist_job.py"),
         json.dumps({"out": str(root), "tasks": [{**task, "announce": True, "slow_items": 0.02}]}),
     ]

@@ -14,8 +14,8 @@ import sys
 import hf_fixtures
 import pytest
 import torch
+from conftest import torchrun_command
 from safetensors.torch import load_file
-from test_distributed import free_port
 
 tokenizer_dir = hf_fixtures.tokenizer_dir  # session fixture
 
@@ -30,12 +30,9 @@ def run_job(cfg: dict, nproc: int = 0) -> None:
         k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")
     }
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
-    launcher = []
-    if nproc:
-        launcher = ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1"]
-        launcher.append(f"--master_port={free_port()}")
+    launcher = torchrun_command(nproc) if nproc else [sys.executable]
     proc = subprocess.run(
-        [sys.executable, *launcher, JOB, json.dumps(cfg)],
+        [*launcher, JOB, json.dumps(cfg)],
         capture_output=True,
         text=True,
         env=env,

@@ -345,15 +345,14 @@ def test_the_worked_example_runs_as_written(tmp_path):
     """docs/parallelism.md's script, under torchrun with 4 CPU processes."""
     import re
     import subprocess
-    import sys
 
     import transformers
-    from test_distributed import _env, free_port
+    from conftest import torchrun_command
+    from test_distributed import _env
 
     doc = (ROOT / "docs" / "parallelism.md").read_text()
     (tmp_path / "train.py").write_text(re.findall(r"```python\n(.*?)```", doc, flags=re.S)[0])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", "--master_addr=127.0.0.1"]
-    cmd += [f"--master_port={free_port()}", "train.py"]
+    cmd = [*torchrun_command(4), "train.py"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "trained 20 steps; tensor parallel size 2" in proc.stdout

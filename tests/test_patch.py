@@ -12,7 +12,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import free_port
+from conftest import torchrun_command
 
 pytest.importorskip("transformers")
 
@@ -199,12 +199,7 @@ def test_trainwright_run_module_form_errors_and_usage(tmp_path):
 def test_trainwright_run_under_torchrun(script, tmp_path):
     proc = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            "--master_addr=127.0.0.1",
-            f"--master_port={free_port()}",
+            *torchrun_command(),
             "-m",
             "trainwright",
             "run",

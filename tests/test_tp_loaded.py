@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from conftest import free_port
+from conftest import torchrun_command
 
 transformers = pytest.importorskip("transformers")
 import ecosystem_fixtures as eco  # noqa: E402
@@ -28,19 +28,7 @@ def test_a_model_loaded_tensor_parallel_trains_as_one_process_and_resumes_exactl
     for procs in (1, 2):
         report = str(tmp_path / f"report{procs}.json")
         cfg = json.dumps({"folder": str(tmp_path), "report": report})
-        launcher = (
-            [sys.executable, JOB]
-            if procs == 1
-            else [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc_per_node=2",
-                "--master_addr=127.0.0.1",
-                f"--master_port={free_port()}",
-                JOB,
-            ]
-        )
+        launcher = [sys.executable, JOB] if procs == 1 else [*torchrun_command(), JOB]
         done = subprocess.run([*launcher, cfg], capture_output=True, text=True, timeout=600, env=ENV)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         with open(report) as f:
