@@ -292,3 +292,38 @@ def test_a_json_file_nested_too_deeply_is_a_damaged_checkpoint(make_args):
 
     edit_manifest(newest, record)
     assert_skipped_and_refused(make_args, out, "trainer_state.json is nested too deeply")
+
+
+def test_a_tf_checkpoint_is_checked_against_the_data_state_tftrainer_writes(tmp_path):
+    """TFTrainer's data_state.json is flat (no 'cursor'): discovery reads it with its own fields."""
+    from trainwright.checkpoint.verify import verify_checkpoint
+
+    good = {
+        "epoch": 0,
+        "batch_in_epoch": 4,
+        "step_batch": 8,
+        "has_optimizer": True,
+        "loss_window": [0.5, 0.25],
+        "loss_logged_total": 1.5,
+    }
+
+    def saved(step: int, data: dict, tf_index: bool = True) -> list[str]:
+        def write(folder: str) -> None:
+            if tf_index:
+                with open(os.path.join(folder, "tf_checkpoint.index"), "wb") as f:
+                    f.write(b"\0")
+            with open(os.path.join(folder, "trainer_state.json"), "w") as f:
+                json.dump({"global_step": step, "log_history": []}, f)
+            with open(os.path.join(folder, "data_state.json"), "w") as f:
+                json.dump(data, f)
+
+        return verify_checkpoint(ckpt.write_checkpoint(str(tmp_path), f"checkpoint-{step}", write))
+
+    assert saved(1, good) == []
+    problems = saved(2, {**good, "step_batch": "8", "epoch": -1})
+    assert any("step_batch is '8' (str), not a positive integer" in p for p in problems), problems
+    assert any("epoch is -1" in p for p in problems), problems
+    without_total = {k: v for k, v in good.items() if k != "loss_logged_total"}
+    assert saved(3, without_total) == ["data_state.json has no 'loss_logged_total'"]
+    # without the TF index the same file is read as the Trainer's, and misses its cursor
+    assert any("no 'cursor'" in p for p in saved(4, good, tf_index=False))

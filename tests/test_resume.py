@@ -191,7 +191,7 @@ def _train_with_checkpoints(make_args, out, **kw):
 
 def test_resume_true_picks_newest_complete_and_ignores_leftovers(make_args, tmp_path):
     out = str(tmp_path / "run")
-    _train_with_checkpoints(make_args, out)
+    _train_with_checkpoints(make_args, out, logging_steps=2)
     # a half-written save of a later step, as a crash would leave it
     os.makedirs(os.path.join(out, ".checkpoint-8.tmp-123-456"))
     args = make_args(per_device_train_batch_size=8, max_steps=8, output_dir=out, save_strategy="no")

@@ -132,9 +132,16 @@ class ProgressCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self.training_bar is not None:
             self.training_bar.update(state.global_step - self.current_step)
-        elif self._training and self.every > 0 and time.monotonic() >= self._next_line:
+        elif self._due(state):
             self._progress_line(state)
         self.current_step = state.global_step
+
+    def _due(self, state: TrainerState) -> bool:
+        """A progress line is due off a terminal once `every` seconds passed; none at the last step,
+        whose end-of-training line follows at once."""
+        if not (self._training and self.every > 0) or state.global_step >= state.max_steps:
+            return False
+        return time.monotonic() >= self._next_line
 
     def _progress_line(self, state: TrainerState) -> None:
         """Off a terminal, what the bar would show: step, percent, rate and time left."""

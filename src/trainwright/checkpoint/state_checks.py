@@ -5,7 +5,8 @@ instead of failing later with an error that names neither, or resuming at anothe
 
 * `trainer_state_problems(state)`, `data_state_problems(state)`: what is wrong with the fields of a
   parsed `trainer_state.json` / `data_state.json` (types only: no run is needed);
-  `STATE_FILE_CHECKS` maps each file name to its check (`verify.check_checkpoint_files` runs them).
+  `STATE_FILE_CHECKS` maps each file name to its check (`verify.check_checkpoint_files` runs them);
+  `TF_STATE_FILE_CHECKS` the same for a TFTrainer checkpoint (its flat `data_state.json`).
 * `check_data_state(state, folder, world_size, dataloader)`: the same for `data_state.json`, and its
   saved position within this run's epoch; raises `CheckpointError`.
 """
@@ -142,9 +143,31 @@ def data_state_problems(state: Any) -> list[str]:
     return problems + _field_problems(state, _DATA_STATE_FIELDS, f"{DATA_STATE_NAME}: ")
 
 
+_TF_DATA_STATE_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    **{
+        name: _CURSOR_FIELDS[name] for name in ("epoch", "batch_in_epoch", "loss_window", "loss_logged_total")
+    },
+    "step_batch": (lambda v: type(v) is int and 0 < v < _INT64, "a positive integer"),
+    "has_optimizer": (lambda v: isinstance(v, bool), "true or false"),
+}
+
+
+def tf_data_state_problems(state: Any) -> list[str]:
+    """The same for the flat `data_state.json` TFTrainer writes beside its `tf_checkpoint.index`."""
+    if not isinstance(state, dict):
+        return [f"{DATA_STATE_NAME} holds a {_kind(state)}, not a JSON object"]
+    required = [name for name in _TF_DATA_STATE_FIELDS if name != "has_optimizer"]
+    problems = [f"{DATA_STATE_NAME} has no {name!r}" for name in required if name not in state]
+    return problems + _field_problems(state, _TF_DATA_STATE_FIELDS, f"{DATA_STATE_NAME}: ")
+
+
 STATE_FILE_CHECKS: dict[str, Callable[[Any], list[str]]] = {
     TRAINER_STATE_NAME: trainer_state_problems,
     DATA_STATE_NAME: data_state_problems,
+}
+TF_STATE_FILE_CHECKS: dict[str, Callable[[Any], list[str]]] = {
+    **STATE_FILE_CHECKS,
+    DATA_STATE_NAME: tf_data_state_problems,
 }
 
 

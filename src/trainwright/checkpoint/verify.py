@@ -19,6 +19,7 @@ from trainwright.checkpoint.files import (
     CHECKPOINT_COMPLETE_NAME,
     PT_WEIGHTS_INDEX_NAME,
     PT_WEIGHTS_NAME,
+    TF_CHECKPOINT_PREFIX,
     TRAINER_STATE_NAME,
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
@@ -36,7 +37,7 @@ from trainwright.checkpoint.manifest import (  # noqa: F401  (CHECKSUM_ALGORITHM
     read_manifest,
 )
 from trainwright.checkpoint.rng import rng_state_file
-from trainwright.checkpoint.state_checks import STATE_FILE_CHECKS
+from trainwright.checkpoint.state_checks import STATE_FILE_CHECKS, TF_STATE_FILE_CHECKS
 from trainwright.checkpoint.weights import safetensors_problem
 
 # -- the manifest and the files -----------------------------------------------------------------------------------
@@ -118,7 +119,8 @@ def _state_file_problems(path: str) -> list[str]:
     """What a resume would refuse in the JSON state files the folder has (parse and fields): such a
     checkpoint is damaged for discovery too, which then falls back to the one before."""
     problems = []
-    for name, check in STATE_FILE_CHECKS.items():
+    is_tf = os.path.isfile(os.path.join(path, TF_CHECKPOINT_PREFIX + ".index"))
+    for name, check in (TF_STATE_FILE_CHECKS if is_tf else STATE_FILE_CHECKS).items():
         file = os.path.join(path, name)
         if not os.path.isfile(file):
             continue

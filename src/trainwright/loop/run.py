@@ -2,7 +2,7 @@
 
 Everything that lives for one run and that transformers' Trainer does not have as an attribute is
 here, not on the Trainer: the engine (how the backend steps and checkpoints), the loop cursor and
-the epoch's batch geometry, the window of unlogged step losses, the preemption guard, the
+the epoch's batch geometry, the window of unlogged step losses (read into log rows here), the preemption guard, the
 checkpointer, the counters at the start of the call, the last step's gradient norm and learning
 rate, and the decisions taken once per run (exact FLOP counting, an overriding
 `_maybe_log_save_evaluate`, a metric-driven scheduler, a schedule-free optimizer's `train`).
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from functools import partial
@@ -31,7 +32,7 @@ from trainwright.distributed import device_cache
 from trainwright.distributed.engine import Engine
 from trainwright.distributed.engines import build_engine
 from trainwright.distributed.preemption import PreemptionGuard
-from trainwright.modeling.loss import LossWindow, batch_size
+from trainwright.modeling.loss import LossWindow, WindowReading, batch_size
 from trainwright.modeling.step_weights import StepWeights
 from trainwright.observe.flops import non_embedding_parameters
 
@@ -209,6 +210,54 @@ class TrainingRun:
         """Step `step` had a non-finite loss (found when a window is read, or at a save)."""
         if self.first_nonfinite_step is None or step < self.first_nonfinite_step:
             self.first_nonfinite_step = step
+
+    def window_row(
+        self, global_step: int, grad_norm: Any = None, learning_rate: float | None = None
+    ) -> dict[str, float]:
+        """The log row of the unlogged steps (read out of the window): their mean loss, the steps
+        without targets or with non-finite losses, the last gradient norm and learning rate."""
+        steps = self.cursor.steps_since_log
+        reading = self.read_loss_window(global_step)
+        logs: dict[str, float] = {"loss": reading.total / reading.counted} if reading.counted else {}
+        if reading.nonfinite:
+            logs["nonfinite_steps"] = reading.nonfinite
+        empty = steps - reading.counted - reading.filtered
+        if empty:  # steps whose batches held no label target: no loss, no update
+            logs["steps_without_targets"] = empty
+        if grad_norm is not None:
+            logs["grad_norm"] = grad_norm.item() if isinstance(grad_norm, torch.Tensor) else float(grad_norm)
+        if learning_rate is not None:
+            logs["learning_rate"] = float(learning_rate)
+        return logs
+
+    def read_loss_window(self, global_step: int) -> WindowReading:
+        """Read the unlogged steps' losses into the cursor's running total (non-finite steps are
+        warned about by step, and the first is remembered: the last checkpoint before it is kept)."""
+        cursor, filtering = self.cursor, self.args.logging_nan_inf_filter
+        reading = self.losses.read(cursor.steps_since_log, self.runtime, filtering)
+        first = global_step - cursor.steps_since_log + 1
+        if reading.first_nonfinite is not None:
+            self.note_nonfinite(first + reading.first_nonfinite)
+            every = not math.isfinite(reading.total)
+            if not every:
+                how = " (left out of the logged mean: logging_nan_inf_filter)"
+            elif filtering:
+                how = " (every one: filtered out by logging_nan_inf_filter, the row has no loss)"
+            else:
+                how = " (every one: the logged loss is NaN)"
+            logger.warning(
+                "Non-finite training loss in %d of the steps %d-%d%s.",
+                reading.nonfinite,
+                first,
+                global_step,
+                how,
+            )
+            if every and filtering:  # nothing finite to average: these steps have no loss, as empty ones
+                cursor.steps_without_targets += reading.counted
+                reading = reading._replace(total=0.0, counted=0, filtered=reading.counted)
+        cursor.loss_logged_total += reading.total
+        cursor.steps_since_log = 0
+        return reading
 
     def note_empty_step(self) -> None:
         """The step being taken has no label target on any process: it records no loss."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import warnings
 from collections.abc import Callable, Iterator
@@ -31,7 +30,6 @@ from trainwright.loop import batch_size_finder, dataloaders, hub, optimization, 
 from trainwright.loop.accelerator_facade import RuntimeAccelerator
 from trainwright.loop.run import TrainingRun
 from trainwright.loop.trainer_setup import TrainerSetup
-from trainwright.modeling.loss import WindowReading
 from trainwright.observe.flops import FlopsEstimator
 from trainwright.observe.metrics import (
     EvalLoopOutput,
@@ -329,57 +327,12 @@ class TrainerAPI(TrainerSetup):
     def _training_window_row(
         self, grad_norm: Any = None, learning_rate: float | None = None
     ) -> dict[str, float]:
-        """The log row of the unlogged steps (read out of the window): their mean loss, the steps
-        without targets or with non-finite losses, the last gradient norm and learning rate."""
-        cursor = self.cursor
-        steps = cursor.steps_since_log
-        reading = self._read_loss_window()
-        logs: dict[str, float] = {"loss": reading.total / reading.counted} if reading.counted else {}
-        if reading.nonfinite:
-            logs["nonfinite_steps"] = reading.nonfinite
-        empty = steps - reading.counted - reading.filtered
-        if empty:  # steps whose batches held no label target: no loss, no update
-            logs["steps_without_targets"] = empty
-        if grad_norm is not None:
-            logs["grad_norm"] = grad_norm.item() if isinstance(grad_norm, torch.Tensor) else float(grad_norm)
-        if learning_rate is not None:
-            logs["learning_rate"] = float(learning_rate)
-        return logs
+        assert self._run is not None  # training windows are read while a run trains
+        return self._run.window_row(self.state.global_step, grad_norm, learning_rate)
 
     def _fold_loss_window(self) -> None:
-        self._read_loss_window()
-
-    def _read_loss_window(self) -> WindowReading:
-        """Read the unlogged steps' losses into the cursor's running total (non-finite steps are
-        warned about by step, and the first is remembered: the last checkpoint before it is kept)."""
-        assert self._run is not None  # training windows are read while a run trains
-        run = self._run
-        cursor = run.cursor
-        filtering = self.args.logging_nan_inf_filter
-        reading = run.losses.read(cursor.steps_since_log, self.runtime, filtering)
-        first = self.state.global_step - cursor.steps_since_log + 1
-        if reading.first_nonfinite is not None:
-            run.note_nonfinite(first + reading.first_nonfinite)
-            every = not math.isfinite(reading.total)
-            logger.warning(
-                "Non-finite training loss in %d of the steps %d-%d%s.",
-                reading.nonfinite,
-                first,
-                self.state.global_step,
-                (
-                    " (every one: filtered out by logging_nan_inf_filter, the row has no loss)"
-                    if filtering
-                    else " (every one: the logged loss is NaN)"
-                )
-                if every
-                else " (left out of the logged mean: logging_nan_inf_filter)",
-            )
-            if every and filtering:  # nothing finite to average: these steps have no loss, as empty ones
-                cursor.steps_without_targets += reading.counted
-                reading = reading._replace(total=0.0, counted=0, filtered=reading.counted)
-        cursor.loss_logged_total += reading.total
-        cursor.steps_since_log = 0
-        return reading
+        assert self._run is not None
+        self._run.read_loss_window(self.state.global_step)
 
     def _wants_flops(self) -> bool:
         return any(getattr(cb, "needs_flops", False) for cb in self.callback_handler.callbacks)

@@ -28,11 +28,10 @@ from trainwright.checkpoint import (
     write_checkpoint,
     write_json,
 )
+from trainwright.checkpoint.files import TF_CHECKPOINT_PREFIX
 from trainwright.core.state import TrainerState
 
 logger = logging.getLogger(__name__)
-
-TF_CHECKPOINT_PREFIX = "tf_checkpoint"
 
 
 def _rng_variables(model: Any) -> list[Any]:
