@@ -267,7 +267,12 @@ def test_save_checkpoint_async_writes_what_the_manager_writes(tmp_path):
 
 def test_on_done_runs_in_the_polling_thread_once_durable(tmp_path):
     model, opt = _trained()
-    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "rng": {}, "trainer": {"global_step": 1}}
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "rng": {},
+        "trainer": {"global_step": 1},
+    }
     seen = []
     writer = AsyncCheckpointWriter()
     _async_save(
