@@ -10,8 +10,8 @@ Each rank writes DIR/rank_<r>.json with what it saw:
 * "counts_here" / "clip_norm": whether this process's shard of a gradient counts in the norm, and
   the norm `clip_grad_norm_` takes of a gradient sharded over that mesh (against the full tensor's);
 * "split": this process's shard of a prepared batch (torch's `context_parallel` sharding it on the
-  "cp" dimension of the dp_shard=2 x cp=2 mesh), and the micro-batch as the loop's context shows it
-  (`context_parallel.micro_batch`) and after it;
+  "cp" dimension of the dp_shard=2 x cp=2 mesh), the inputs the loop's micro-batch context yields
+  (`context_parallel.micro_batch`), and whether the loop's own batch stayed as it was;
 * "refused": the error a Trainer with cp_size=2 gives on these CPU processes.
 """
 
@@ -72,9 +72,11 @@ def _split(layout) -> dict:
         loop_batch = make({k: v.clone() for k, v in batch.items()})
         with context_parallel.micro_batch(
             loop_batch, cp_mesh, "allgather", torch.device("cpu"), contextlib.nullcontext()
-        ):
-            inside[kind] = {k: v.tolist() for k, v in loop_batch.items()}
+        ) as inputs:
+            inside[kind] = {k: v.tolist() for k, v in inputs.items()}
+            untouched = {k: v.tolist() for k, v in loop_batch.items()}
         after = {k: v.tolist() for k, v in loop_batch.items()}
+        after = after if after == untouched else {"changed inside the context": untouched}
         restored[kind] = type(loop_batch) is make and after == {k: v.tolist() for k, v in batch.items()}
     return {"cp_rank": cp_mesh.get_local_rank(), "shard": shard, "inside": inside, "restored": restored}
 

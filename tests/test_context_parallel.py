@@ -352,8 +352,8 @@ def test_torch_shards_the_prepared_batch_head_and_tail_in_the_micro_batch_contex
         want = {k: v[:, positions].tolist() for k, v in prepared.items()}
         assert split["shard"] == want
         for kind in ("dict", "BatchEncoding"):
-            assert split["inside"][kind] == want  # the loop's micro-batch holds the shard inside the context
-            assert split["restored"][kind]  # and its own contents (and type) after it
+            assert split["inside"][kind] == want  # the micro-batch context yields the shard
+            assert split["restored"][kind]  # the loop's batch keeps its contents (and type) throughout
 
 
 def test_cp_size_2_is_refused_on_cpu_processes_under_torchrun(four_ranks):

@@ -39,7 +39,7 @@ counted on the unsplit batch, once per data-parallel rank.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -248,22 +248,14 @@ def micro_batch(
     rotate_method: str,
     device: torch.device,
     inner: contextlib.AbstractContextManager,
-) -> Iterator[None]:
+) -> Iterator[dict[str, Any]]:
     """The training loop's micro-batch context under context parallelism: `inner` (the engine's own,
-    gradient sync), and `batch`, the loop's micro-batch mapping, holding this process's shard
-    (`split`) inside it, so that the training step's forward, loss and item count see the shard; the
-    batch is given its own contents back at the end."""
-    if not isinstance(batch, MutableMapping):
+    gradient sync) around `split`; it yields this process's shard of `batch`, which the loop's
+    training step trains on (the loop's batch itself is left as it is)."""
+    if not isinstance(batch, Mapping):
         raise _refuse(
             f"the training batches are {type(batch).__name__}, not a dict of tensors: context parallelism "
             "splits the input_ids and labels of a dict batch (the collator's output) along the sequence"
         )
     with inner, split(batch, cp_mesh, rotate_method, device) as local:
-        whole = dict(batch)
-        batch.clear()
-        batch.update(local)
-        try:
-            yield
-        finally:
-            batch.clear()
-            batch.update(whole)
+        yield local

@@ -42,8 +42,6 @@ from trainwright.distributed import fsdp
 from trainwright.distributed.deepspeed import DeepSpeedRun
 from trainwright.optim.extra import is_fused_backward, lomo_backward
 
-_NO_CONTEXT = contextlib.nullcontext()  # reusable: nullcontext keeps no state
-
 
 class OptimizerMaker(Protocol):
     """The Trainer's overridable optimizer hooks, as an engine calls them."""
@@ -160,11 +158,12 @@ class Engine:
 
     # -- the step ----------------------------------------------------------------------------
     def accumulate(self, skip_sync: bool, inputs: Any = None) -> contextlib.AbstractContextManager:
-        """No gradient all-reduce on accumulation micro-steps (nothing to do on one process). `inputs`
-        (the micro-batch) is for an engine that changes it: this one does not."""
+        """The micro-batch's context: no gradient all-reduce on accumulation micro-steps (nothing to
+        do on one process); it yields the inputs the step trains on (`inputs` itself here; this
+        process's shard of it under context parallelism)."""
         if skip_sync and self._skip_sync:
-            return _no_sync(self.model)
-        return _NO_CONTEXT
+            return _no_sync(self.model, inputs)
+        return contextlib.nullcontext(inputs)
 
     def backward(self, loss: torch.Tensor) -> None:
         self._backward(loss)
@@ -284,7 +283,7 @@ class DeepSpeedEngine(Engine):
 
     def accumulate(self, skip_sync: bool, inputs: Any = None) -> contextlib.AbstractContextManager:
         self.run.set_boundary(not skip_sync)
-        return _NO_CONTEXT
+        return contextlib.nullcontext(inputs)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.run.backward(loss)
@@ -328,19 +327,20 @@ def load_weights(model: nn.Module, folder: str) -> None:
 
 
 @contextlib.contextmanager
-def _no_sync(model: Any) -> Iterator[None]:
-    """No gradient all-reduce in this micro-batch: DDP's `no_sync`, FSDP2's requires-gradient-sync."""
+def _no_sync(model: Any, inputs: Any) -> Iterator[Any]:
+    """No gradient all-reduce in this micro-batch (DDP's `no_sync`, FSDP2's requires-gradient-sync);
+    yields `inputs`."""
     if hasattr(model, "no_sync"):
         with model.no_sync():
-            yield
+            yield inputs
     elif hasattr(model, "set_requires_gradient_sync"):
         model.set_requires_gradient_sync(False)
         try:
-            yield
+            yield inputs
         finally:
             model.set_requires_gradient_sync(True)
     else:
-        yield
+        yield inputs
 
 
 # The step's parts (`Engine._choose_step`), as functions bound once per run.

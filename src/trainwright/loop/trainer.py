@@ -207,8 +207,8 @@ class Trainer(TrainerAPI):
             last = run.begin_step(micro_batches)
             for i, inputs in enumerate(micro_batches):
                 run.advance(inputs, state)
-                # no gradient sync but on the last micro-batch (context parallel: `inputs` is the shard)
-                with engine.accumulate(i < last, inputs):
+                # no gradient sync but on the last micro-batch; context parallel trains on a shard
+                with engine.accumulate(i < last, inputs) as inputs:
                     loss = self.training_step(self.model_wrapped, inputs, num_items)
                 run.losses.add(cursor.steps_since_log, loss)
                 if i < last:
