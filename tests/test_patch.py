@@ -200,6 +200,8 @@ def test_trainwright_run_under_torchrun(script, tmp_path):
     proc = subprocess.run(
         [
             *torchrun_command(),
+            f"--log-dir={tmp_path / 'logs'}",
+            "--redirects=1",  # each rank's stdout in a file of its own: lines from two processes interleave in one pipe
             "-m",
             "trainwright",
             "run",
@@ -214,4 +216,7 @@ def test_trainwright_run_under_torchrun(script, tmp_path):
         env={**ENV, "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.count("TRAINER trainwright.loop.trainer helper") == 2  # both processes
+    outs = [path.read_text() for path in sorted((tmp_path / "logs").rglob("stdout.log"))]
+    assert len(outs) == 2
+    for out in outs:  # both processes
+        assert _lines(out, "TRAINER") == "TRAINER trainwright.loop.trainer helper"
