@@ -10,7 +10,10 @@ Prints, for the Trainer and the code around it:
 * Trainer attributes first set outside `__init__` (written by a method or another module, not in
   `__init__`; class-level constants that nothing writes are not state);
 * sites in other modules that write a Trainer attribute (`trainer.x = ...`, `setattr(trainer, ...)`,
-  `trainer.__dict__`), and functions outside the Trainer's files that take the whole `trainer`.
+  `trainer.__dict__`), and functions outside the Trainer's files that take the whole `trainer`;
+* lines and branch points of the evaluation's functions (`EVAL_PATH`);
+* the loop files, besides the plug-in table, that name an optional feature (`PLUGIN_NAMES`): what a
+  new add-on of that kind touches beyond its own file.
 
 The same script measures an old tree (`git worktree add /tmp/old <commit>`; pass its `src/trainwright`),
 so before/after numbers come from one method.
@@ -87,6 +90,27 @@ STEP_PATH = [
     "core/events.py:CallbackHandler.call_event",
     "callbacks/flow.py:DefaultFlowCallback.on_step_end",
 ]
+# The evaluation's functions, as issue 31 counts them: the loop (`Evaluation.run` since it became a
+# component; `evaluation_loop` held it before), the hook around it, the batches' cut and one step.
+EVAL_PATH = [
+    "loop/evaluator.py:Evaluation.run",
+    "loop/prediction.py:evaluation_loop",
+    "loop/prediction.py:build_evaluation",
+    "loop/prediction.py:_real_batches",
+    "loop/eval_batches.py:real_batches",
+    "loop/prediction.py:prediction_step",
+]
+# The optional features of issue 31 item 3, by what names each in code: a loop file other than the plug-in
+# table (`loop/plugins.py`) that names one is a file a new add-on of its kind would touch too.
+PLUGIN_NAMES = {
+    "liger": "liger.",
+    "overflow detector": "debug_underflow",
+    "NEFTune": "neftune.",
+    "lean activations": "lean_activations",
+    "past_index": "PastState",
+    "torch_empty_cache_steps": "EmptyCacheEvery",
+    "JIT checkpoint": "jit_checkpoint_callbacks",
+}
 # Counted apart: the review of bbf2813 left the event dispatch and the flow callback out of its step path.
 EVENT_SIDE = {
     "core/events.py:CallbackHandler.call_event",
@@ -252,6 +276,16 @@ def functions_taking_trainer(src: Path) -> list[str]:
     return found
 
 
+def plugin_sites(src: Path) -> dict[str, list[str]]:
+    """{feature: loop files naming it}, leaving out the plug-in table itself."""
+    files = [p for p in sorted((src / "loop").glob("*.py")) if p.name != "plugins.py"]
+    texts = {p.name: p.read_text() for p in files}
+    return {
+        feature: [name for name, text in texts.items() if token in text]
+        for feature, token in PLUGIN_NAMES.items()
+    }
+
+
 def main() -> None:
     src = (
         Path(sys.argv[1])
@@ -277,6 +311,19 @@ def main() -> None:
         f"({total - events} without the event dispatch and the flow callback, as the review counts)"
     )
     print("  " + ", ".join(counted))
+    for name in EVAL_PATH:
+        fn = _find(src, name)
+        if fn is not None:
+            size = (getattr(fn, "end_lineno", None) or fn.lineno) - fn.lineno + 1  # type: ignore[attr-defined]
+            print(f"{name}: {size} lines, {branch_points(fn)} branch points")
+    sites = plugin_sites(src)
+    touched = sorted({name for names in sites.values() for name in names})
+    print(
+        f"loop files besides the plug-in table naming an optional feature: {len(touched)} "
+        f"({', '.join(touched) or 'none'}); a new add-on: its file + "
+        f"{'a row of loop/plugins.py' if (src / 'loop/plugins.py').exists() else 'the Trainer files that wire it'}"
+    )
+    print("  " + ", ".join(f"{feature}: {'+'.join(names) or '-'}" for feature, names in sites.items()))
     late, _ = late_attributes(src)
     print(f"Trainer attributes first set outside __init__: {len(late)}")
     print("  " + ", ".join(sorted(late)))

@@ -28,10 +28,11 @@ from torch import nn
 
 from trainwright import data as data_utils
 from trainwright.core.state import LoopCursor, TrainerControl, TrainerState
-from trainwright.distributed import device_cache
 from trainwright.distributed.engine import Engine
 from trainwright.distributed.engines import build_engine
 from trainwright.distributed.preemption import PreemptionGuard
+from trainwright.loop import plugins
+from trainwright.loop.plugins import PlugIn
 from trainwright.modeling.loss import LossWindow, WindowReading, batch_size
 from trainwright.modeling.step_weights import StepWeights
 from trainwright.observe.flops import non_embedding_parameters
@@ -103,10 +104,17 @@ class TrainingRun:
         self.optimizer_train: Callable[[], Any] = _nothing  # schedule-free: back to training weights
         # the step being taken: its micro-batches, and how many of them advance() has counted
         self.step_micro_batches = self.step_position = 0
-        self._plugins = contextlib.ExitStack()  # model hooks of this run, removed when it ends
+        self._attached = contextlib.ExitStack()  # plug-ins' hooks on this run's module, off when it ends
 
     # -- set-up --------------------------------------------------------------------------------
-    def start(self, optimizer: Any, state: TrainerState, metric_scheduler: bool, custom_lse: bool) -> None:
+    def start(
+        self,
+        optimizer: Any,
+        state: TrainerState,
+        added: list[PlugIn],
+        metric_scheduler: bool,
+        custom_lse: bool,
+    ) -> None:
         """After the optimizer exists and a checkpoint (if any) is restored: the counters this call
         starts from, the loss window it continues, the plug-ins it runs with."""
         cursor = self.cursor
@@ -117,15 +125,13 @@ class TrainingRun:
         self.metric_scheduler, self.custom_lse = metric_scheduler, custom_lse
         train = getattr(optimizer, "train", None)  # looked up once: a miss costs ~0.5 us a step
         self.optimizer_train = train if callable(train) else _nothing
-        if self.args.torch_empty_cache_steps:
-            empty = device_cache.EmptyCacheEvery(self.args.torch_empty_cache_steps, self.device)
-            self._plugins.enter_context(empty.attach(self.engine.module, state))
+        self._attached = plugins.around_run(added, self.engine.module, state)
         optimizer.zero_grad(set_to_none=True)
         self.start_time = time.time()
 
     def close(self) -> None:
         """The run is over: its model hooks come off."""
-        self._plugins.close()
+        self._attached.close()
 
     # -- one step ------------------------------------------------------------------------------
     def epoch_batches(self, epoch: int) -> Iterator[Any]:

@@ -24,7 +24,7 @@ from trainwright.core.seed import set_seed
 from trainwright.core.state import TrainerState
 from trainwright.distributed.engine import load_weights
 from trainwright.distributed.output_lock import claim_output_dir
-from trainwright.loop import batch_size_finder, hub, prediction, resume
+from trainwright.loop import batch_size_finder, hub, plugins, prediction, resume
 from trainwright.loop.checkpoint_parts import callback_states, write_model
 from trainwright.loop.checkpointer import Checkpointer, load_rng_state, run_dir
 from trainwright.loop.run import TrainingRun
@@ -75,22 +75,26 @@ class Trainer(TrainerAPI):
         try:
             # writable, and no other run writing it (a search trial: its run folder)
             lock = claim_output_dir(self, run_dir(self, trial))
-            with self._train_hooks(), hub.quiet_progress_bars(args.push_to_hub):
-                output = inner_training_loop(
-                    args=args,
-                    resume_from_checkpoint=resume_path,
-                    trial=trial,
-                    ignore_keys_for_eval=ignore_keys_for_eval,
-                )
+            with plugins.around_train(self._plugins, self.model), hub.quiet_progress_bars(args.push_to_hub):
+                try:
+                    output = inner_training_loop(
+                        args=args,
+                        resume_from_checkpoint=resume_path,
+                        trial=trial,
+                        ignore_keys_for_eval=ignore_keys_for_eval,
+                    )
+                finally:
+                    if (
+                        self._run is not None
+                    ):  # on an exception: the write in flight finishes before the lock goes
+                        self._run.checkpointer.abandon()
+                        self._run.close()  # the run's plug-ins come off before the call's
             preempted = self._run.preemption.requested if self._run is not None else None
             if preempted is not None:
                 logger.warning("Preempted by %s: checkpoint written, exiting.", preempted.name)
                 raise SystemExit(0)
             return output
         finally:
-            if self._run is not None:  # on an exception: the write in flight finishes before the lock goes
-                self._run.checkpointer.abandon()
-                self._run.close()
             self.is_in_train = False
             self._memory_tracker.stop("train")  # no-op when already stopped by a finished run
             if lock is not None:
@@ -169,6 +173,7 @@ class Trainer(TrainerAPI):
         run.start(
             self.optimizer,
             self.state,
+            self._plugins,
             self._scheduler_is_plateau(),
             self._overrides("_maybe_log_save_evaluate"),
         )

@@ -14,7 +14,7 @@ import importlib.util
 import logging
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -25,7 +25,6 @@ from trainwright import data as data_utils
 from trainwright.args import foreign
 from trainwright.args.training_args import TrainingArguments
 from trainwright.callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCallback
-from trainwright.callbacks.jit_checkpoint import jit_checkpoint_callbacks
 from trainwright.core.enums import DebugOption
 from trainwright.core.events import CallbackHandler, TrainerCallback
 from trainwright.core.modules import without_peft
@@ -34,12 +33,10 @@ from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import TrainerControl, TrainerState
 from trainwright.distributed import accelerate_state, context_parallel, parallelism
 from trainwright.distributed.output_lock import create_output_dir
-from trainwright.loop import dataloaders, hub
+from trainwright.loop import dataloaders, hub, plugins
 from trainwright.loop.accelerator_facade import RuntimeAccelerator
 from trainwright.loop.run import TrainingRun, empty_training_message
-from trainwright.modeling import debug_underflow, lean_activations, liger, neftune
 from trainwright.modeling.loss import LabelSmoother, LossFacts, items_in_batch, loss_honours_num_items
-from trainwright.modeling.past_state import PastState, PastStateCallback
 from trainwright.observe.flops import FlopsEstimator
 from trainwright.observe.memory import TrainerMemoryTracker
 from trainwright.reporters import get_reporting_integration_callbacks
@@ -91,7 +88,7 @@ class TrainerSetup:
     _created_scheduler: bool
     _train_batch_size: int
     _hp_search: _Search | None  # hpo's search while one runs (hyperparameter_search sets it)
-    _overflow_detector: Any  # debug="underflow_overflow": a debug_underflow.DebugUnderflowOverflow
+    _plugins: list[plugins.PlugIn]  # the optional features these arguments ask for (plugins.PLUGINS)
     # Upstream hooks that the classes below define and that this class's methods (or the parts they
     # hand `self` to) call: overridable there.
     init_hf_repo: Callable[..., None]
@@ -170,8 +167,9 @@ class TrainerSetup:
         self._validate_data()
 
         default = DEFAULT_CALLBACKS + get_reporting_integration_callbacks(args.report_to)
-        default += jit_checkpoint_callbacks(self)  # upstream's name for the preemption save
-        callbacks = default + _plugins(args, self.model) + list(callbacks or [])
+        self._plugins = plugins.build(self)  # optional features: plugins.PLUGINS
+        added = [callback for plugin in self._plugins for callback in plugin.callbacks()]
+        callbacks = default + added + list(callbacks or [])
         callbacks.append(PrinterCallback if args.disable_tqdm else ProgressCallback)
         self.callback_handler = CallbackHandler(
             callbacks, self.model, self.processing_class, self.optimizer, self.lr_scheduler
@@ -197,7 +195,6 @@ class TrainerSetup:
         self._created_scheduler = False
         self._train_batch_size = args.train_batch_size  # as upstream (auto_find_batch_size keeps its size)
         self._hp_search = None
-        self._overflow_detector = None
         self._eval_dataloaders: dict[str, Any] = {}  # upstream's: kept eval loaders (persistent workers)
         self._eval_dataloader_datasets: dict[str, Any] = {}
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
@@ -259,33 +256,6 @@ class TrainerSetup:
         if model is None:
             raise RuntimeError("model_init returned None: it must return a torch.nn.Module.")
         return model
-
-    @contextlib.contextmanager
-    def _train_hooks(self) -> Iterator[None]:
-        """Patches and hooks the arguments ask for on the model being trained, for one train() call:
-        Liger kernels, the inf/nan detector (kept afterwards, as upstream's), NEFTune and lean
-        activations (both removed when train() ends)."""
-        args = self.args
-        if args.use_liger_kernel:
-            liger.apply(self.model, args.liger_kernel_config, self.runtime.device)
-        if DebugOption.UNDERFLOW_OVERFLOW in args.debug:
-            self._overflow_detector = debug_underflow.watch(self.model, self._overflow_detector)
-        hook = (
-            neftune.activate(self.model, args.neftune_noise_alpha)
-            if args.neftune_noise_alpha is not None
-            else None
-        )
-        lean = (
-            lean_activations.applied(self.model, compiled=args.torch_compile)
-            if args.lean_activations
-            else contextlib.nullcontext()
-        )
-        try:
-            with lean:
-                yield
-        finally:
-            if hook is not None:  # NEFTune perturbs this call's training only
-                hook.remove()
 
     def _check_eval_dataset(self) -> None:
         args = self.args
@@ -383,15 +353,6 @@ class TrainerSetup:
         return (
             args.per_device_train_batch_size * args.gradient_accumulation_steps * self.runtime.data_world_size
         )
-
-
-def _plugins(args: TrainingArguments, model: nn.Module) -> list[TrainerCallback]:
-    """Callbacks that add an optional model feature outside the training step."""
-    if args.past_index < 0:
-        return []
-    past = PastState(args.past_index)  # past_index: the model's memory fed back as `mems` (v4)
-    past.attach(model)
-    return [PastStateCallback(past)]
 
 
 def _set_log_level(args: TrainingArguments) -> None:
