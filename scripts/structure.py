@@ -12,6 +12,7 @@ Prints, for the Trainer and the code around it:
 * sites in other modules that write a Trainer attribute (`trainer.x = ...`, `setattr(trainer, ...)`,
   `trainer.__dict__`), and functions outside the Trainer's files that take the whole `trainer`;
 * lines and branch points of the evaluation's functions (`EVAL_PATH`);
+* writes to a `TrainingRun`'s fields from other modules (`run.x = ...`);
 * the loop files, besides the plug-in table, that name an optional feature (`PLUGIN_NAMES`): what a
   new add-on of that kind touches beyond its own file.
 
@@ -276,6 +277,33 @@ def functions_taking_trainer(src: Path) -> list[str]:
     return found
 
 
+def _is_run(node: ast.expr) -> bool:
+    """`run`, `self.run`, `self._run` or `trainer._run`: a TrainingRun seen from outside it."""
+    if isinstance(node, ast.Name):
+        return node.id == "run"
+    return isinstance(node, ast.Attribute) and node.attr in ("run", "_run")
+
+
+def run_field_writes(src: Path) -> list[tuple[str, str]]:
+    """(field, file:line) of each write to a TrainingRun field (`run.x = ...`, also augmented and in a
+    tuple) from a module other than `loop/run.py`."""
+    sites: list[tuple[str, str]] = []
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src)
+        if str(rel) == "loop/run.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            for target in _assigned(node):
+                for sub in ast.walk(target):
+                    if (
+                        isinstance(sub, ast.Attribute)
+                        and isinstance(sub.ctx, ast.Store)
+                        and _is_run(sub.value)
+                    ):
+                        sites.append((sub.attr, f"{rel}:{sub.lineno}"))
+    return sites
+
+
 def plugin_sites(src: Path) -> dict[str, list[str]]:
     """{feature: loop files naming it}, leaving out the plug-in table itself."""
     files = [p for p in sorted((src / "loop").glob("*.py")) if p.name != "plugins.py"]
@@ -324,6 +352,14 @@ def main() -> None:
         f"{'a row of loop/plugins.py' if (src / 'loop/plugins.py').exists() else 'the Trainer files that wire it'}"
     )
     print("  " + ", ".join(f"{feature}: {'+'.join(names) or '-'}" for feature, names in sites.items()))
+    run_writes = run_field_writes(src)
+    fields = sorted({field for field, _ in run_writes})
+    modules = sorted({site.partition(":")[0] for _, site in run_writes})
+    print(
+        f"TrainingRun fields written from other modules: {len(fields)} fields, {len(run_writes)} sites "
+        f"in {len(modules)} modules"
+    )
+    print("  " + ", ".join(f"{site}: run.{field}" for field, site in run_writes))
     late, _ = late_attributes(src)
     print(f"Trainer attributes first set outside __init__: {len(late)}")
     print("  " + ", ".join(sorted(late)))

@@ -1,6 +1,7 @@
-"""A checkpoint is a mapping of parts, and one table says where each part lives: adding a part is its
-object plus one row of `trainwright.checkpoint.layout.PARTS`, and it is saved (synchronously or in
-the background), listed in the manifest and restored exactly with everything else."""
+"""A checkpoint is a mapping of parts, and one table says where trainwright's parts live; a user's part
+(a callback with a `checkpoint_part` name) declares its own file (`checkpoint_file`) and never touches
+that table. Either way it is saved (synchronously or in the background), listed in the manifest and
+restored exactly with everything else."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class EMA(TrainerCallback):
     """An exponential moving average of the weights: a Stateful checkpoint part of its own."""
 
     checkpoint_part = "ema"
+    checkpoint_file = "ema.pt"
 
     def __init__(self, decay: float = 0.5):
         self.decay = decay
@@ -40,14 +42,20 @@ class EMA(TrainerCallback):
         self.shadow, self.decay = state["shadow"], float(state["decay"])
 
 
+class TableEMA(EMA):
+    """The same part, stored where a row of the library's table says (how trainwright adds its own)."""
+
+    checkpoint_file = None
+
+
 @pytest.fixture
 def ema_row(monkeypatch):
     monkeypatch.setitem(layout.PARTS, "ema", PartSpec("ema.pt", "torch"))
 
 
-def _train(make_args, out, resume=None, **kw):
+def _train(make_args, out, resume=None, part=EMA, **kw):
     torch.manual_seed(0)
-    ema = EMA()
+    ema = part()
     args = make_args(
         output_dir=str(out),
         per_device_train_batch_size=4,
@@ -62,7 +70,8 @@ def _train(make_args, out, resume=None, **kw):
 
 
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
-def test_a_new_part_is_its_object_and_one_row(make_args, tmp_path, ema_row, async_save):
+def test_a_users_part_declares_its_file_and_resumes_exactly(make_args, tmp_path, async_save):
+    assert "ema" not in layout.PARTS
     _, whole = _train(make_args, tmp_path / "whole", async_save=async_save)
     folder = tmp_path / "whole" / "checkpoint-3"
     assert (folder / "ema.pt").is_file()
@@ -80,9 +89,56 @@ def test_a_new_part_is_its_object_and_one_row(make_args, tmp_path, ema_row, asyn
         assert torch.equal(whole.shadow[k], resumed.shadow[k]), k
 
 
+def test_a_json_file_is_written_as_json(make_args, tmp_path):
+    class Counter(TrainerCallback):
+        checkpoint_part, checkpoint_file = "counter", "counter.json"
+
+        def __init__(self):
+            self.steps = 0
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.steps += 1
+
+        def state_dict(self):
+            return {"steps": self.steps}
+
+        def load_state_dict(self, state):
+            self.steps = state["steps"]
+
+    _train(make_args, tmp_path, part=Counter)
+    assert json.loads((tmp_path / "checkpoint-3" / "counter.json").read_text()) == {"steps": 3}
+    _, resumed = _train(make_args, tmp_path, resume=str(tmp_path / "checkpoint-3"), part=Counter)
+    assert resumed.steps == 6  # 3 restored + 3 trained
+
+
+@pytest.mark.parametrize(
+    "name,file,error",
+    [
+        ("optimizer", "mine.pt", "is trainwright's own part"),
+        ("ema", "sub/ema.pt", "plain file name"),
+        ("ema", ".ema.pt", "plain file name"),
+    ],
+)
+def test_a_declared_file_that_would_clash_is_refused(make_args, tmp_path, name, file, error):
+    class Clash(EMA):
+        checkpoint_part, checkpoint_file = name, file
+
+    with pytest.raises(ValueError, match=error):
+        _train(make_args, tmp_path, part=Clash)
+    assert not os.path.exists(tmp_path / "checkpoint-3")
+
+
+def test_a_library_row_still_places_a_part(make_args, tmp_path, ema_row):
+    _, whole = _train(make_args, tmp_path, part=TableEMA)
+    assert (tmp_path / "checkpoint-3" / "ema.pt").is_file()
+    _, resumed = _train(make_args, tmp_path, resume=str(tmp_path / "checkpoint-3"), part=TableEMA)
+    for k in whole.shadow:
+        assert torch.equal(whole.shadow[k], resumed.shadow[k]), k
+
+
 def test_a_part_without_a_row_is_refused_naming_the_table(make_args, tmp_path):
     class Orphan(EMA):
-        checkpoint_part = "orphan"
+        checkpoint_part, checkpoint_file = "orphan", None
 
     args = make_args(
         output_dir=str(tmp_path),
@@ -92,19 +148,21 @@ def test_a_part_without_a_row_is_refused_naming_the_table(make_args, tmp_path):
         save_steps=2,
     )
     trainer = Trainer(model=DropoutMLP(), args=args, train_dataset=VectorDataset(n=16), callbacks=[Orphan()])
-    with pytest.raises(KeyError, match=r"'orphan' has no row in trainwright.checkpoint.layout.PARTS"):
+    with pytest.raises(
+        KeyError, match=r"'orphan' has no row in .*layout.PARTS.* give the part a `checkpoint_file`"
+    ):
         trainer.train()
     assert not os.path.exists(tmp_path / "checkpoint-2")
 
 
-def test_a_damaged_part_is_refused_by_the_manifest(make_args, tmp_path, ema_row):
+def test_a_damaged_part_is_refused_by_the_manifest(make_args, tmp_path):
     _train(make_args, tmp_path)
     (tmp_path / "checkpoint-3" / "ema.pt").write_bytes(b"not a torch file")
     with pytest.raises(ValueError, match="ema.pt"):
         _train(make_args, tmp_path, resume=str(tmp_path / "checkpoint-3"))
 
 
-def test_a_part_absent_from_an_older_checkpoint_starts_fresh(make_args, tmp_path, ema_row):
+def test_a_part_absent_from_an_older_checkpoint_starts_fresh(make_args, tmp_path):
     torch.manual_seed(0)
     args = make_args(
         output_dir=str(tmp_path),

@@ -51,7 +51,7 @@ def test_readme_quick_start_runs_as_written_and_resumes(tmp_path):
 def test_docs_examples_run_as_written(tmp_path):
     pytest.importorskip("transformers")
     pytest.importorskip("optuna")
-    speed, search = python_blocks(ROOT / "docs" / "examples.md")
+    speed, search, part = python_blocks(ROOT / "docs" / "examples.md")
     (tmp_path / "speed").mkdir()
     out = run_script(speed, tmp_path / "speed").stdout
     assert re.search(r"^\d+ tokens/s, [\d.e+]+ FLOP/s$", out, flags=re.M), out[-2000:]
@@ -59,3 +59,7 @@ def test_docs_examples_run_as_written(tmp_path):
     out = run_script(search, tmp_path / "search").stdout
     params, _, objective = out.strip().splitlines()[-1].rpartition("} ")
     assert set(ast.literal_eval(params + "}")) == {"learning_rate", "weight_decay"} and float(objective) < 4.2
+    (tmp_path / "part").mkdir()
+    out = run_script(part, tmp_path / "part").stdout
+    assert out.strip().splitlines()[-1] == "EMA after a resume equals the whole run's: True"
+    assert (tmp_path / "part" / "stopped" / "checkpoint-3" / "ema.pt").is_file()

@@ -46,7 +46,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from trainwright.checkpoint.files import CheckpointError
 from trainwright.checkpoint.folder import rotate_checkpoints, write_checkpoint
-from trainwright.checkpoint.manager import CheckpointManager, is_stateful_part
+from trainwright.checkpoint.manager import CheckpointManager
 from trainwright.checkpoint.snapshot import SnapshotBuffers
 
 __all__ = [
@@ -320,7 +320,8 @@ def save_checkpoint_async(
     write (`writer.poll` / `wait`). Returns False, having done nothing, when a folder part can't be
     staged (it has no `stage`): then save synchronously.
     """
-    folder_parts = {n: p for n, p in parts.items() if not is_stateful_part(n)}
+    manager.learn(parts)
+    folder_parts = {n: p for n, p in parts.items() if not manager.is_stateful(n)}
     if not all(isinstance(p, StagedPart) for p in folder_parts.values()):
         return False
     writer.wait()  # the previous write (and its rotation) first; its buffers are reused below

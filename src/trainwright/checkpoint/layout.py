@@ -3,8 +3,10 @@
 A checkpoint is a mapping `{name: part}` (see `manager.py`); each name has a row here saying where
 the part lives in the folder and what a resume requires of it. The manager writes and reads parts by
 these rows, `verify.check_checkpoint_files` checks the files by them, and the resume rules ask which
-rows are required. Adding a part to checkpoints is its object (a Stateful with `state_dict()` /
-`load_state_dict()`, or a folder part with `save(folder)` / `load(folder)`) plus one row here.
+rows are required. Adding a part to trainwright's checkpoints is its object (a Stateful with
+`state_dict()` / `load_state_dict()`, or a folder part with `save(folder)` / `load(folder)`) plus one
+row here. A user's part (a callback with a `checkpoint_part` name) declares its own file instead
+(`checkpoint_file`, `declared_spec`): the table stays the library's.
 
 Kinds: "torch" and "json" are Stateful parts whose state dict is one file (`torch.save` read back
 weights-only, or JSON); "weights" is the model's weights (safetensors, shards, or `pytorch_model.bin`),
@@ -14,7 +16,9 @@ and load themselves.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import Any
 
 from trainwright.checkpoint.files import (
     DATA_STATE_NAME,
@@ -71,5 +75,25 @@ def spec(name: str) -> PartSpec:
     except KeyError:
         raise KeyError(
             f"checkpoint part {name!r} has no row in trainwright.checkpoint.layout.PARTS "
-            f"(known: {sorted(PARTS)}); add one saying where it is stored"
+            f"(known: {sorted(PARTS)}) and declares no file: give the part a `checkpoint_file` "
+            "(e.g. 'ema.pt' for torch.save, 'ema.json' for JSON)"
         ) from None
+
+
+def declared_spec(name: str, part: Any) -> PartSpec | None:
+    """The row a part declares itself (`checkpoint_file`: a Stateful part in one file, JSON when it
+    ends in .json, else `torch.save`), or None; a library part's name is refused."""
+    file = getattr(part, "checkpoint_file", None)
+    if file is None:
+        return None
+    if name in PARTS:
+        raise ValueError(
+            f"checkpoint part {name!r} of {type(part).__name__} declares checkpoint_file={file!r}, but "
+            f"{name!r} is trainwright's own part: name the part otherwise."
+        )
+    if not isinstance(file, str) or not file or os.path.basename(file) != file or file.startswith("."):
+        raise ValueError(
+            f"checkpoint part {name!r}: checkpoint_file={file!r} must be a plain file name in the "
+            "checkpoint folder (no folder, not hidden)."
+        )
+    return PartSpec(file, "json" if file.endswith(".json") else "torch")

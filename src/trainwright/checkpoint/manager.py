@@ -2,7 +2,8 @@
 
 The caller (the Trainer's checkpointer) says what a checkpoint holds by the mapping it hands over;
 where each name is stored is the row of `layout.PARTS`, as torchtitan's `CheckpointManager(states)`
-does for its states:
+does for its states, or the file a part declares itself (`checkpoint_file`: a user's part, e.g. a
+callback holding an EMA of the weights, never touches the library's table):
 
 * a **Stateful** part (`state_dict()` / `load_state_dict()`) of a "torch" or "json" row is written
   from its state dict: `optimizer.pt`, `scheduler.pt`, `scaler.pt` (`torch.save`, read back
@@ -30,7 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from trainwright.checkpoint.files import read_json, safe_torch_load, save_torch_state, write_json
 from trainwright.checkpoint.folder import rotate_checkpoints, write_checkpoint
-from trainwright.checkpoint.layout import PARTS, spec
+from trainwright.checkpoint.layout import PARTS, PartSpec, declared_spec, spec
 from trainwright.checkpoint.rng import load_rng_state, rng_state_file
 
 
@@ -66,21 +67,32 @@ class Processes(Protocol):
     def all_gather_object(self, obj: Any) -> list[Any]: ...
 
 
-def is_stateful_part(name: str) -> bool:
-    """Whether part `name` is a state dict in one file (else the part saves and loads itself)."""
-    return spec(name).stateful
-
-
 class CheckpointManager:
     """Writes and reads checkpoint mappings for one process; `main` is whether this process writes
     the files that exist once per checkpoint (the main process, or each node's with save_on_each_node)."""
 
     def __init__(self, runtime: Processes, *, main: bool) -> None:
         self.runtime, self.main = runtime, main
+        self.declared: dict[str, PartSpec] = {}  # rows the parts handed over declared themselves
+
+    def learn(self, parts: Mapping[str, Any]) -> None:
+        """Take the rows that parts of a mapping declare (`layout.declared_spec`)."""
+        for name, part in parts.items():
+            row = declared_spec(name, part)
+            if row is not None:
+                self.declared[name] = row
+
+    def row(self, name: str) -> PartSpec:
+        """Where part `name` is stored: its declared row, else the table's."""
+        return self.declared.get(name) or spec(name)
+
+    def is_stateful(self, name: str) -> bool:
+        """Whether part `name` is a state dict in one file (else the part saves and loads itself)."""
+        return self.row(name).stateful
 
     def path(self, folder: str, name: str) -> str:
         """The file of part `name` in a checkpoint folder (this process's, for per-process files)."""
-        row = spec(name)
+        row = self.row(name)
         if row.every_process:
             return rng_state_file(folder, self.runtime.rank, self.runtime.world_size)
         return os.path.join(folder, row.file)
@@ -91,10 +103,11 @@ class CheckpointManager:
     # -- writing ---------------------------------------------------------------------------------
     def snapshot(self, parts: Mapping[str, Any]) -> dict[str, Any]:
         """`{name: state dict}` of the Stateful parts this process writes."""
+        self.learn(parts)
         return {
             name: part.state_dict()
             for name, part in parts.items()
-            if is_stateful_part(name) and (self.main or spec(name).every_process)
+            if self.is_stateful(name) and (self.main or self.row(name).every_process)
         }
 
     def save(
@@ -115,7 +128,7 @@ class CheckpointManager:
 
         def write(tmp: str) -> None:
             for part_name, part in parts.items():
-                if not is_stateful_part(part_name):
+                if not self.is_stateful(part_name):
                     part.save(tmp)
                 elif part_name in states:
                     self.write_state(tmp, part_name, states[part_name])
@@ -131,7 +144,7 @@ class CheckpointManager:
     def write_state(self, folder: str, name: str, state: Any) -> None:
         """One Stateful part's file from its state dict (the writer thread calls it too)."""
         path = self.path(folder, name)
-        if spec(name).kind == "json":
+        if self.row(name).kind == "json":
             write_json(path, state)
         else:
             save_torch_state(state, path)
@@ -140,17 +153,18 @@ class CheckpointManager:
     def read(self, folder: str, name: str) -> Any:
         """The saved state of Stateful part `name` (a `CheckpointError` names a missing or damaged file)."""
         path = self.path(folder, name)
-        return read_json(path) if spec(name).kind == "json" else safe_torch_load(path)
+        return read_json(path) if self.row(name).kind == "json" else safe_torch_load(path)
 
     def load(self, folder: str, parts: Mapping[str, Any]) -> None:
         """Put each part's saved state back: every part's `check(saved, folder)` first, then each
         part's load in the table's order. A Stateful part whose file is absent is skipped (or its
         `load_absent(folder)` runs); a folder part loads itself. RNG state that is missing warns
         (deleting the file is how a resume opts out of it)."""
+        self.learn(parts)
         saved = {
             name: self.read(folder, name)
             for name, part in parts.items()
-            if is_stateful_part(name) and name != "rng" and not _loads_itself(part) and self.has(folder, name)
+            if self.is_stateful(name) and name != "rng" and not _loads_itself(part) and self.has(folder, name)
         }
         for name, part in parts.items():
             check = getattr(part, "check", None)

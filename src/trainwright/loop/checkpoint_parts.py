@@ -12,8 +12,9 @@ own `check(saved, folder)` (the manager runs every check before anything is load
   restored through the Trainer's `_load_rng_state`);
 * "data_state" (`DataState`: the cursor, sampler position and loss windows; refuses a changed batch
   geometry), "trainer_state" (`TrainerStateFile`: TrainerState with the stateful callbacks);
-* any callback that names a row of `layout.PARTS` in its `checkpoint_part` attribute (a Stateful:
-  `state_dict()` / `load_state_dict()`), e.g. an EMA of the weights.
+* any callback with a `checkpoint_part` name (a Stateful: `state_dict()` / `load_state_dict()`), e.g.
+  an EMA of the weights, stored in the file it declares (`checkpoint_file`), or where a row of
+  `layout.PARTS` says.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from torch import nn
 
 import trainwright.checkpoint as ckpt
 from trainwright.checkpoint import adapters
-from trainwright.checkpoint.layout import spec
+from trainwright.checkpoint.layout import declared_spec, spec
 from trainwright.checkpoint.rng import RngState
 from trainwright.checkpoint.weights import model_state_dict
 from trainwright.core.events import CallbackHandler
@@ -86,23 +87,25 @@ def build_parts(
         run.cursor.loss_window = windows[trainer.runtime.rank]
         first = _first_nonfinite(windows)
         if first is not None:  # a step since the last log row was not finite: this checkpoint is not
-            run.note_nonfinite(trainer.state.global_step - run.cursor.steps_since_log + 1 + first)
+            run.divergence.note(trainer.state.global_step - run.cursor.steps_since_log + 1 + first)
     parts: dict[str, Any] = {
         "model": ModelFiles(trainer, run, main, restore_from, engine_parts),
         **engine_parts,
     }
+    data_state = DataState(trainer, run, windows)
     if with_optimizer or restore_from is not None:  # a scheduler.pt is restored even without the optimizer
-        parts["scheduler"] = SchedulerPart(trainer, run)
+        parts["scheduler"] = SchedulerPart(trainer, run, data_state)
     if with_optimizer:
         if trainer.scaler is not None:
             parts["scaler"] = trainer.scaler
         parts["rng"] = RngPart(trainer)
-    parts["data_state"] = DataState(trainer, run, windows)
+    parts["data_state"] = data_state
     parts["trainer_state"] = TrainerStateFile(trainer)
     for cb in trainer.callback_handler.callbacks:  # callbacks that are checkpoint parts of their own
         name = getattr(cb, "checkpoint_part", None)
         if name is not None:
-            spec(name)  # a row of layout.PARTS says where it lives
+            if declared_spec(name, cb) is None:  # its own checkpoint_file, else a row of layout.PARTS
+                spec(name)
             parts[name] = cb
     return parts
 
@@ -219,10 +222,11 @@ class OptimizerPart:
 class SchedulerPart:
     """The Trainer's learning-rate scheduler; on restore the checkpoint's schedule continues: a
     Trainer-made scheduler is rebuilt from the checkpoint's schedule arguments, over this run's
-    steps (re-sized by a resume in another batch geometry), keeping the rates the optimizer holds."""
+    steps, or over the steps the data state's check re-sized them to (a resume in another batch
+    geometry), keeping the rates the optimizer holds."""
 
-    def __init__(self, trainer: CheckpointedTrainer, run: TrainingRun) -> None:
-        self.trainer, self.run = trainer, run
+    def __init__(self, trainer: CheckpointedTrainer, run: TrainingRun, data_state: DataState) -> None:
+        self.trainer, self.run, self.data_state = trainer, run, data_state
         self.folder = ""
 
     def state_dict(self) -> dict[str, Any]:
@@ -235,14 +239,15 @@ class SchedulerPart:
         trainer, optimizer = self.trainer, self.trainer.optimizer
         if optimizer is not None:
             rates = [group["lr"] for group in optimizer.param_groups]  # the checkpoint's, loaded before
+            resized = self.data_state.resized_to
             scheduler = resume.keep_saved_schedule(
                 trainer.args,
                 trainer.lr_scheduler,
                 optimizer,
-                self.run.max_steps,
+                self.run.max_steps if resized is None else resized,
                 self.folder,
                 trainer._created_scheduler,
-                resized=self.run.schedule_resized,
+                resized=resized is not None,
             )
             if scheduler is not trainer.lr_scheduler:  # a new scheduler sets the rates of its step 0
                 trainer.lr_scheduler = scheduler
@@ -272,6 +277,8 @@ class DataState:
         self.trainer, self.run, self.loss_windows = trainer, run, loss_windows
         self.folder = ""
         self.absent: LoopCursor | None = None  # the position of a checkpoint without data_state.json
+        # the steps of a run sized by epochs, resumed in another batch geometry (`check`): the schedule's
+        self.resized_to: int | None = None
 
     def state_dict(self) -> dict[str, Any]:
         args, run = self.trainer.args, self.run
@@ -283,8 +290,7 @@ class DataState:
             "seed": args.data_seed if args.data_seed is not None else args.seed,
             "loss_windows": self.loss_windows,
             "evaluation_pending": run.evaluation_pending,
-            "first_nonfinite_step": run.first_nonfinite_step,
-            "last_finite_checkpoint": run.last_finite_checkpoint,
+            **run.divergence.state_dict(),
             **{k: getattr(args, k) for k in resume.POSITION_ARGS},
         }
         sampler: Any = getattr(run.dataloader, "sampler", None)
@@ -315,15 +321,14 @@ class DataState:
     def _size_schedule(self, cursor: LoopCursor) -> None:
         """A run sized by epochs, resumed at `cursor` in another geometry: the steps left in it."""
         run, args = self.run, self.trainer.args
-        run.max_steps = cursor.steps_applied + resume.steps_left(
+        self.resized_to = cursor.steps_applied + resume.steps_left(
             cursor,
             run.epochs,
             args.gradient_accumulation_steps,
             self._micro_left(cursor),
             run.cursor.steps_in_epoch,
         )
-        self.trainer.state.max_steps = run.max_steps
-        run.schedule_resized = True
+        run.resize(self.resized_to, self.trainer.state)
 
     def _position_without_data_state(self, folder: str) -> None:
         """A checkpoint without data_state.json (transformers'): the position from its global_step,
@@ -370,24 +375,23 @@ class DataState:
             cursor = self._position(state_dict)
             resume.keep_saved_data_order(args, world_size, run.dataloader, state_dict, self.folder)
         resume.use_own_loss_window(cursor, state_dict, run.runtime)
-        run.cursor = cursor
-        run.evaluation_pending = bool(state_dict.get("evaluation_pending"))
-        run.first_nonfinite_step = state_dict.get("first_nonfinite_step")
-        run.last_finite_checkpoint = state_dict.get("last_finite_checkpoint")
+        run.divergence.load_state_dict(state_dict)
         dataset: Any = getattr(run.dataloader, "dataset", None)
-        if "dataset_state" in state_dict and hasattr(dataset, "load_state_dict"):
+        restored = "dataset_state" in state_dict and hasattr(dataset, "load_state_dict")
+        if restored:
             dataset.load_state_dict(state_dict["dataset_state"])
-            run.iterable_restored = True
+        run.resume_at(cursor, bool(state_dict.get("evaluation_pending")), iterable_restored=restored)
 
     def load_absent(self, folder: str) -> None:
         """A transformers checkpoint: the position rebuilt from global_step, as upstream does (from its
         epoch where this run's geometry differs: `check`)."""
         args, run = self.trainer.args, self.run
-        run.cursor = self.absent or resume.cursor_from_global_step(
+        cursor = self.absent or resume.cursor_from_global_step(
             args, run.cursor.steps_in_epoch, self.trainer.state.global_step
         )
         if args.ignore_data_skip:
-            run.cursor.batch_in_epoch = run.cursor.samples_in_epoch = 0
+            cursor.batch_in_epoch = cursor.samples_in_epoch = 0
+        run.resume_at(cursor, evaluation_pending=False)
 
 
 class TrainerStateFile:

@@ -154,14 +154,12 @@ class Checkpointer:
         self._last_step = state.global_step
         path, run = os.path.join(self.folder, name), self.run
         self.foreign = [p for p in self.foreign if os.path.abspath(p) != os.path.abspath(path)]
-        if run.first_nonfinite_step is None:
-            run.last_finite_checkpoint = path  # recorded in this checkpoint's data_state.json too
-        diverged = run.first_nonfinite_step is not None and run.last_finite_checkpoint is not None
+        run.divergence.checkpoint_written(path)  # recorded in this checkpoint's data_state.json too
         rotation = {
             "save_total_limit": self.args.save_total_limit,
             "best_checkpoint": state.best_model_checkpoint,
             # after a divergence the newest checkpoint written before it is kept, as the best one is
-            "keep": [run.last_finite_checkpoint] if diverged else [],
+            "keep": run.divergence.kept(),
             "exclude": list(self.foreign),
         }
         if self.args.async_save and self._in_background(name, parts, rotation):
@@ -301,8 +299,7 @@ class Checkpointer:
             return
         ckpt.refuse_if_moved(self.folder)
         kept = {os.path.abspath(p) for p in [state.best_model_checkpoint, *self.foreign]}
-        if run.first_nonfinite_step is not None and run.last_finite_checkpoint is not None:
-            kept.add(os.path.abspath(run.last_finite_checkpoint))
+        kept.update(os.path.abspath(p) for p in run.divergence.kept())
         for path in ckpt.sort_checkpoints(self.folder):
             if os.path.abspath(path) not in kept:
                 logger.info("Deleting %s (save_total_limit=1 keeps the best checkpoint).", path)

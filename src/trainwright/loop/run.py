@@ -32,6 +32,7 @@ from trainwright.distributed.engine import Engine
 from trainwright.distributed.engines import build_engine
 from trainwright.distributed.preemption import PreemptionGuard
 from trainwright.loop import plugins
+from trainwright.loop.divergence import Divergence
 from trainwright.loop.plugins import PlugIn
 from trainwright.modeling.loss import LossWindow, WindowReading, batch_size
 from trainwright.modeling.step_weights import StepWeights
@@ -96,9 +97,7 @@ class TrainingRun:
         self.iterable_restored = False  # an iterable dataset's own state came back: skip nothing
         self.eval_stops_on_preemption = False  # True while the loop's own evaluation runs
         self.evaluation_pending = False  # a preemption cut the last evaluation short (resume runs it)
-        self.schedule_resized = False  # a resume in another batch geometry re-sized max_steps
-        self.first_nonfinite_step: int | None = None  # the first step whose loss was not finite
-        self.last_finite_checkpoint: str | None = None  # the newest checkpoint written before it
+        self.divergence = Divergence()  # the first non-finite step, the last checkpoint before it
         self.custom_lse = False  # a subclass overrides _maybe_log_save_evaluate: called every step
         self.metric_scheduler = False  # the scheduler steps on the evaluation metric, not per step
         self.optimizer_train: Callable[[], Any] = _nothing  # schedule-free: back to training weights
@@ -128,6 +127,34 @@ class TrainingRun:
         self._attached = plugins.around_run(added, self.engine.module, state)
         optimizer.zero_grad(set_to_none=True)
         self.start_time = time.time()
+
+    def resume_at(
+        self, cursor: LoopCursor, evaluation_pending: bool, iterable_restored: bool = False
+    ) -> None:
+        """A checkpoint's position: the cursor, whether its evaluation still has to run, and whether
+        an iterable dataset's own state came back (then it skips nothing)."""
+        self.cursor, self.evaluation_pending, self.iterable_restored = (
+            cursor,
+            evaluation_pending,
+            iterable_restored,
+        )
+
+    @contextlib.contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """The loop's own evaluation runs: a preemption stops it at its next batch (`preempted`)."""
+        self.eval_stops_on_preemption = True
+        try:
+            yield
+        finally:
+            self.eval_stops_on_preemption = False
+
+    def evaluation_ran(self, completed: bool) -> None:
+        """The loop's evaluation ended: completed, or cut short by a preemption (a resume runs it first)."""
+        self.evaluation_pending = not completed
+
+    def resize(self, max_steps: int, state: TrainerState) -> None:
+        """A resume in another batch geometry re-sized a run sized by epochs: `max_steps` now."""
+        self.max_steps = state.max_steps = max_steps
 
     def close(self) -> None:
         """The run is over: its model hooks come off."""
@@ -188,9 +215,12 @@ class TrainingRun:
         if is_mapping:
             state.num_input_tokens_seen += self.count_input_tokens(inputs)
 
-    def finish_step(self, applied: bool, optimizer: Any, scheduler: Any, state: TrainerState) -> None:
-        """After the optimizer step: the rate it applied, the schedule, zeroed gradients, counters."""
-        self.last_lr = optimizer.param_groups[0]["lr"]
+    def finish_step(
+        self, applied: bool, grad_norm: Any, optimizer: Any, scheduler: Any, state: TrainerState
+    ) -> None:
+        """After the optimizer step: its gradient norm, the rate it applied, the schedule, zeroed
+        gradients, counters."""
+        self.grad_norm, self.last_lr = grad_norm, optimizer.param_groups[0]["lr"]
         if applied and not self.metric_scheduler:
             scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -211,11 +241,6 @@ class TrainingRun:
     def preempted(self) -> bool:
         """Whether a preemption signal arrived (on any process: every process stops at the same step)."""
         return self._agree(self.preemption.requested is not None)
-
-    def note_nonfinite(self, step: int) -> None:
-        """Step `step` had a non-finite loss (found when a window is read, or at a save)."""
-        if self.first_nonfinite_step is None or step < self.first_nonfinite_step:
-            self.first_nonfinite_step = step
 
     def window_row(
         self, global_step: int, grad_norm: Any = None, learning_rate: float | None = None
@@ -243,7 +268,7 @@ class TrainingRun:
         reading = self.losses.read(cursor.steps_since_log, self.runtime, filtering)
         first = global_step - cursor.steps_since_log + 1
         if reading.first_nonfinite is not None:
-            self.note_nonfinite(first + reading.first_nonfinite)
+            self.divergence.note(first + reading.first_nonfinite)
             every = not math.isfinite(reading.total)
             if not every:
                 how = " (left out of the logged mean: logging_nan_inf_filter)"
@@ -320,17 +345,6 @@ class TrainingRun:
             )
             return float("nan")
         return cursor.loss_logged_total / max(counted, 1)
-
-    def say_divergence(self) -> None:
-        """At the end of a run whose loss went non-finite: which checkpoint is the last finite one."""
-        if self.first_nonfinite_step is None:
-            return
-        logger.warning(
-            "The training loss was not finite from step %d on; the last checkpoint written before it is %s "
-            "(rotation keeps it).",
-            self.first_nonfinite_step,
-            self.last_finite_checkpoint or "none: every checkpoint of this run came after it",
-        )
 
     def samples_and_tokens_run(self) -> tuple[int, int]:
         """Samples and tokens this call trained on, over every data-parallel rank."""

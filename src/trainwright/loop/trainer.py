@@ -221,9 +221,9 @@ class Trainer(TrainerAPI):
             del micro_batches
             grad_norm = engine.clip()
             self._fire("on_pre_optimizer_step")
-            applied, run.grad_norm = engine.step(grad_norm)  # DeepSpeed reports the norm it clipped
+            applied, grad_norm = engine.step(grad_norm)  # DeepSpeed reports the norm it clipped
             self._fire("on_optimizer_step")
-            run.finish_step(applied, self.optimizer, self.lr_scheduler, state)
+            run.finish_step(applied, grad_norm, self.optimizer, self.lr_scheduler, state)
             self._fire("on_step_end")
             run.stop_if_preempted(self.control)
             if run.log_due(self.control):
@@ -367,25 +367,23 @@ class Trainer(TrainerAPI):
             run.checkpointer.saved()  # on_save now, or once a background write is durable
 
     def _evaluate_during_training(self, run: TrainingRun, trial: Any, ignore_keys_for_eval: Any) -> None:
-        run.eval_stops_on_preemption = True  # a preemption stops it at its next batch
         rng = capture_rng_state()  # what a checkpoint holds if a preemption cuts the evaluation short
+        metrics, cut_short = None, False
         try:
-            metrics = self._evaluate(trial, ignore_keys_for_eval)
+            with run.evaluating():  # a preemption stops it at its next batch
+                metrics = self._evaluate(trial, ignore_keys_for_eval)
         except prediction.EvaluationPreempted as stopped:
             # As if it never started: the random streams it drew from go back, and the resumed run
             # runs it first, so the resume stays exact and no metric is lost.
-            metrics = None
             restore_rng_state(rng)
-            run.evaluation_pending, self.control.should_evaluate = True, False
+            cut_short, self.control.should_evaluate = True, False
             logger.warning(
                 "%s: no evaluation metrics for step %d yet; a resume evaluates it first.",
                 stopped,
                 self.state.global_step,
             )
-        finally:
-            run.eval_stops_on_preemption = False
+        run.evaluation_ran(completed=not cut_short)
         if metrics is not None:
-            run.evaluation_pending = False
             is_new_best = self._determine_best_metric(metrics=metrics, trial=trial)
             if self.args.save_strategy == "best":
                 self.control.should_save = is_new_best
@@ -495,7 +493,7 @@ class Trainer(TrainerAPI):
         if args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
             self._load_best_model()
         run.checkpointer.keep_only_best()
-        run.say_divergence()
+        run.divergence.say()
         self._fire("on_train_end")
         self._finish_current_push()  # the last checkpoint's upload is done when train() returns
         return TrainOutput(self.state.global_step, train_loss, metrics)
