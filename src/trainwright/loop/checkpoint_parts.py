@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 from typing import Any, Protocol
 
@@ -83,11 +82,7 @@ def build_parts(
     windows = None
     if restore_from is None:
         trainer.state.stateful_callbacks = callback_states(trainer.callback_handler, trainer.control)
-        windows = trainer.runtime.all_gather_object(run.losses.values(run.cursor.steps_since_log))
-        run.cursor.loss_window = windows[trainer.runtime.rank]
-        first = _first_nonfinite(windows)
-        if first is not None:  # a step since the last log row was not finite: this checkpoint is not
-            run.divergence.note(trainer.state.global_step - run.cursor.steps_since_log + 1 + first)
+        windows = run.gather_loss_windows(trainer.state.global_step)
     parts: dict[str, Any] = {
         "model": ModelFiles(trainer, run, main, restore_from, engine_parts),
         **engine_parts,
@@ -108,14 +103,6 @@ def build_parts(
                 spec(name)
             parts[name] = cb
     return parts
-
-
-def _first_nonfinite(windows: list[list[float | None]]) -> int | None:
-    """The window offset of the first step whose loss was not finite on any process."""
-    offsets = [
-        i for window in windows for i, v in enumerate(window) if v is not None and not math.isfinite(v)
-    ]
-    return min(offsets) if offsets else None
 
 
 # ---------------------------------------------------------------------- the model
@@ -272,7 +259,10 @@ class DataState:
     unlogged step losses, and the batch geometry that gives the position its meaning."""
 
     def __init__(
-        self, trainer: CheckpointedTrainer, run: TrainingRun, loss_windows: list[list[float]] | None = None
+        self,
+        trainer: CheckpointedTrainer,
+        run: TrainingRun,
+        loss_windows: list[list[float | None]] | None = None,
     ) -> None:
         self.trainer, self.run, self.loss_windows = trainer, run, loss_windows
         self.folder = ""

@@ -290,6 +290,16 @@ class TrainingRun:
         cursor.steps_since_log = 0
         return reading
 
+    def gather_loss_windows(self, global_step: int) -> list[list[float | None]]:
+        """For a checkpoint (every process calls it): every process's unlogged step losses; this
+        process's go into the cursor, and a non-finite one is noted (this checkpoint is not finite)."""
+        windows = self.runtime.all_gather_object(self.losses.values(self.cursor.steps_since_log))
+        self.cursor.loss_window = windows[self.runtime.rank]
+        offsets = [i for w in windows for i, v in enumerate(w) if v is not None and not math.isfinite(v)]
+        if offsets:
+            self.divergence.note(global_step - self.cursor.steps_since_log + 1 + min(offsets))
+        return windows
+
     def note_empty_step(self) -> None:
         """The step being taken has no label target on any process: it records no loss."""
         self.losses.mark_empty(self.cursor.steps_since_log)
