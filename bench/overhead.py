@@ -10,6 +10,11 @@ loop's own cost: every variant timestamps each step end the same way), "total" i
 
     .venv/bin/python bench/overhead.py [--repeats 3] [--mlp-steps 3000] [--gpt-steps 40] [--threads 1]
                                        [--clock thread] [--malloc fixed|default] [--skip mlp|gpt]
+    .venv/bin/python bench/overhead.py --count-calls
+
+`--count-calls` prints, instead of rates, the Python function calls one optimizer step of the tiny MLP
+makes in each loop (cProfile's count over 2000 steps): a measure of the loop's own work that does
+not move with the machine's load, to compare two trees (`PYTHONPATH=<old>/src` runs an old one).
 
 `--clock thread` times with this thread's CPU time instead of the wall clock: other processes on a
 shared machine then do not count against whichever variant they happened to overlap (run it with
@@ -221,6 +226,28 @@ def bench(name, model_fn, data, steps, batch_size, repeats, peers):
     return steady["trainwright"] / steady["raw"]
 
 
+def count_calls(steps: int = 2000) -> None:
+    """Python calls per optimizer step of the tiny MLP, raw loop and trainwright (see the docstring)."""
+    import cProfile
+    import pstats
+
+    import trainwright
+
+    data = VecData()
+    trainwright_loop(MLP(), data, 100, 8)  # imports and first-call work out of the count
+    counts = {}
+    for name, fn in (("raw", raw_loop), ("trainwright", trainwright_loop)):
+        profile = cProfile.Profile()
+        profile.enable()
+        fn(MLP(), data, steps, 8)
+        profile.disable()
+        counts[name] = sum(v[1] for v in pstats.Stats(profile).stats.values()) / steps  # type: ignore[attr-defined]  # stats is undocumented
+    print(f"trainwright from {os.path.dirname(trainwright.__file__)}")
+    print(
+        f"Python calls per step, tiny MLP: raw {counts['raw']:.1f}, trainwright {counts['trainwright']:.1f}"
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
@@ -231,8 +258,12 @@ def main() -> int:
         "--clock", choices=("wall", "thread"), default="wall", help="wall clock or thread CPU time"
     )
     p.add_argument("--skip", choices=("mlp", "gpt"), action="append", default=[], help="leave a workload out")
+    p.add_argument("--count-calls", action="store_true", help="Python calls per step instead of rates")
     add_malloc_argument(p)
     ns = p.parse_args()
+    if ns.count_calls:
+        count_calls()
+        return 0
     for name in ("mlp_steps", "gpt_steps"):
         if getattr(ns, name) <= WARMUP + 1:  # the steady rate is timed after the warm-up steps
             p.error(f"--{name.replace('_', '-')} must be > {WARMUP + 1} (the first {WARMUP} are warm-up)")
