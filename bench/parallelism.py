@@ -112,7 +112,8 @@ def worker(cfg: dict) -> None:
         "tokens_per_s": cfg["global_batch"] * cfg["seq"] / step,
         "comm_share": statistics.median(clock.comm) if clock.comm else None,
         "parameters": sum(p.numel() for p in trainer.model.parameters()),
-        "flops_per_step": trainer._run.flops_per_token * cfg["global_batch"] * cfg["seq"],  # 6N per token
+        "flops_per_step": trainer.state.total_flos
+        / trainer.state.global_step,  # 6N per token, every process's
     }
     if cfg["device"] == "cuda":
         peak = torch.tensor([torch.cuda.max_memory_allocated()], device="cuda")

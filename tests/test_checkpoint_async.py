@@ -1044,3 +1044,52 @@ def test_a_full_disk_during_a_background_write_keeps_the_previous_checkpoint(tmp
         assert "background" in str(info.value)
         assert sorted(os.listdir(out)) == ["checkpoint-2"]  # no hidden folder, no lock left
         assert ckpt.get_last_checkpoint(out) == os.path.join(out, "checkpoint-2")
+
+
+def test_wait_for_checkpoint_returns_once_the_background_write_is_durable(tmp_path, make_args, monkeypatch):
+    """`Trainer.wait_for_checkpoint()`: the public way to wait for an async save (benches, a user
+    copying a checkpoint): on return the folder is in place and `on_save` has run."""
+    from conftest import DropoutMLP, VectorDataset
+
+    from trainwright import Trainer, TrainerCallback
+    from trainwright.checkpoint import async_writer
+
+    slow_write = async_writer.write_checkpoint
+
+    def slow(*args, **kwargs):  # the background write outlasts the next step
+        time.sleep(0.5)
+        return slow_write(*args, **kwargs)
+
+    monkeypatch.setattr(async_writer, "write_checkpoint", slow)
+
+    class WaitAfterSave(TrainerCallback):
+        def __init__(self):
+            self.saved: list[int] = []
+            self.seen: list[tuple[int, bool, list[int]]] = []
+            self.trainer = None
+
+        def on_save(self, args, state, control, **kwargs):
+            self.saved.append(state.global_step)
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step and state.global_step % 2 == 0:  # the step after a save
+                self.trainer.wait_for_checkpoint()
+                folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+                done = os.path.isfile(os.path.join(folder, "checkpoint_complete.json"))
+                self.seen.append((state.global_step, done, list(self.saved)))
+
+    callback = WaitAfterSave()
+    args = make_args(
+        output_dir=str(tmp_path),
+        max_steps=5,
+        per_device_train_batch_size=4,
+        save_strategy="steps",
+        save_steps=2,
+        async_save=True,
+    )
+    trainer = Trainer(model=DropoutMLP(), args=args, train_dataset=VectorDataset(16), callbacks=[callback])
+    callback.trainer = trainer
+    trainer.train()
+    assert callback.seen == [(2, True, [2]), (4, True, [2, 4])]  # durable, and on_save ran by then
+    idle = Trainer(model=DropoutMLP(), args=make_args(output_dir=str(tmp_path / "idle")))
+    idle.wait_for_checkpoint()  # nothing written: returns at once

@@ -395,6 +395,12 @@ class Trainer(TrainerAPI):
         if path is not None and self.args.push_to_hub:  # None: written in the background, pushed when durable
             self._push_from_checkpoint(path)
 
+    def wait_for_checkpoint(self) -> None:
+        """With `async_save`: block until the checkpoint being written in the background is durable
+        (in place, rotated, `on_save` called); returns at once when none is. Raises the write's error."""
+        if self._run is not None:
+            self._run.checkpointer.wait()
+
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Write the model (safetensors), the processing class and training_args.json.
 
