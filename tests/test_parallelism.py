@@ -320,15 +320,23 @@ def test_plan_styles_torch_cannot_honour_are_refused():
         parallelism.tensor_parallel_plan(_llama(), 4)
 
 
-def test_a_run_refuses_a_layout_another_trainer_replaced():
-    # the layout is the process's: a Trainer built later with another one has replaced it
-    args = TrainingArguments("out", parallelism_config=TP2_SHARD2)
-    runtime = _runtime(4)
-    runtime.layout = SimpleNamespace(sizes={"dp_replicate": 1, "dp_shard": 4, "cp": 1, "tp": 1})
-    with pytest.raises(RuntimeError, match="a Trainer built after this one set its own layout"):
-        parallelism.check_layout(args, runtime)
-    runtime.layout = SimpleNamespace(sizes=parse(TP2_SHARD2).sizes)
-    parallelism.check_layout(args, runtime)
+def test_each_trainer_has_its_own_layout_and_the_process_runtime_none(monkeypatch):
+    """The layout is the Trainer's: a view of the process runtime holding it; a Trainer built later
+    with another layout does not change an earlier one's (no guard needed at train())."""
+    from trainwright.core.runtime import Runtime
+
+    process = Runtime(device=torch.device("cpu"), world_size=4, _owns_group=True)
+    monkeypatch.setattr(parallelism, "layout_of", lambda sizes, runtime: SimpleNamespace(sizes=sizes.sizes))
+    first = parallelism.with_layout(TrainingArguments("out", parallelism_config=TP2_SHARD2), process)
+    second = parallelism.with_layout(
+        TrainingArguments("out", parallelism_config={"dp_shard_size": 4}), process
+    )
+    plain = parallelism.with_layout(TrainingArguments("out"), process)
+    assert first.layout.sizes == parse(TP2_SHARD2).sizes and first.parallel_size("tp") == 2
+    assert second.layout.sizes["dp_shard"] == 4 and second.parallel_size("tp") == 1
+    assert plain is process and process.layout is None  # the process's runtime never holds a layout
+    assert not first._owns_group and process._owns_group  # the group stays the process runtime's to end
+    assert (first.world_size, first.device) == (process.world_size, process.device)
 
 
 def test_a_model_sharded_by_transformers_at_load_is_refused_with_the_fix():

@@ -31,7 +31,6 @@ def build_engine(args: Any, runtime: Any, module: nn.Module) -> Engine:
     )
     if sizes is not None:
         return (ContextParallelEngine if sizes.cp_size > 1 else NDEngine)(args, runtime, module)
-    parallelism.check_layout(args, runtime)
     sharding = fsdp.fsdp_options(args)
     if sharding and not runtime.distributed:
         logger.warning("fsdp=%s is set but this is one process: training without sharding.", sharding)

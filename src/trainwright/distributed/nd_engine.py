@@ -38,7 +38,6 @@ class NDEngine(engine.FSDPEngine):
 
     def __init__(self, args: Any, runtime: Any, module: nn.Module) -> None:
         super().__init__(args, runtime, module)
-        parallelism.check_layout(args, runtime, module)
         self.layout = runtime.layout
 
     def wrap(self, model: nn.Module) -> nn.Module:

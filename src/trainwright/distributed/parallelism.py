@@ -6,7 +6,9 @@ The mesh has accelerate's dimensions in its order, tensor parallel innermost (ne
 the fastest links): ("dp_replicate", "dp_shard", "cp", "tp"). Processes that differ only in their
 "cp"/"tp" coordinates read the same batch: the data-parallel ranks are the flattened
 ("dp_replicate", "dp_shard") dimension ("dp", as accelerate names it), and `Runtime.layout` tells
-the data loaders, the item counts and the evaluation which rank and group that is (`set_up`). With
+the data loaders, the item counts and the evaluation which rank and group that is. The layout is the
+Trainer's, not the process's: `with_layout` gives each Trainer its own view of the process runtime,
+so two Trainers in one process train on their own layouts. With
 `cp_size > 1`, ("dp_shard", "cp") flattened is "dp_shard_cp", the dimension FSDP2 shards over (as
 accelerate and torchtitan do: the context-parallel processes hold different tokens of one batch,
 so their gradients are reduced like data-parallel ones).
@@ -32,6 +34,7 @@ The model (`parallelize`):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -126,11 +129,14 @@ def layout_asked(args: Any, runtime: Any, model: Any = None) -> ParallelismSizes
     return loaded or sizes
 
 
-def set_up(args: Any, runtime: Any, model: Any = None) -> None:
-    """Give `runtime` the layout the run trains on (`layout_asked`), or none (a Trainer without
-    one trains on every process as one data-parallel rank each). Every process calls it."""
+def with_layout(args: Any, runtime: Any, model: Any = None) -> Any:
+    """The runtime a Trainer runs on: the process's `runtime` itself without a layout (every process
+    one data-parallel rank), else a view of it holding the layout asked for (`layout_asked`; the
+    process group stays the process runtime's to tear down). Every process calls it."""
     sizes = layout_asked(args, runtime, model)
-    runtime.layout = None if sizes is None else layout_of(sizes, runtime)
+    if sizes is None:
+        return runtime
+    return dataclasses.replace(runtime, layout=layout_of(sizes, runtime), _owns_group=False)
 
 
 def layout_of(sizes: ParallelismSizes, runtime: Any) -> Layout:
@@ -163,21 +169,6 @@ def layout_of(sizes: ParallelismSizes, runtime: Any) -> Layout:
             data.get_local_rank(),
         )
     return cached[1]
-
-
-def check_layout(args: Any, runtime: Any, model: Any = None) -> None:
-    """At the start of a run: the runtime still has the layout these arguments (or the loaded model)
-    asked for (another Trainer built since in this process may have set its own before this one's
-    data was loaded)."""
-    sizes = layout_asked(args, runtime, model)
-    layout = getattr(runtime, "layout", None)
-    now = None if layout is None else layout.sizes
-    if (None if sizes is None else sizes.sizes) != now:
-        raise RuntimeError(
-            f"The process's parallel layout is {now} but this Trainer's parallelism_config asks for "
-            f"{None if sizes is None else sizes.sizes}: a Trainer built after this one set its own layout. "
-            "Build this Trainer again (after the other) before calling train()."
-        )
 
 
 def _shard_mesh(mesh: Any, sizes: ParallelismSizes) -> Any:

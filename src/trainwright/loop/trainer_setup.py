@@ -124,8 +124,8 @@ class TrainerSetup:
         self.runtime = get_runtime(use_cpu=args.use_cpu, backend=args.ddp_backend, timeout_s=args.ddp_timeout)
         self._accelerator = RuntimeAccelerator(self)
         accelerate_state.share_with_accelerate(args, self.runtime)  # for libraries that read it (TRL)
-        # parallelism_config's DeviceMesh, or the layout of a model loaded already sharded
-        parallelism.set_up(args, self.runtime, model)
+        # parallelism_config's DeviceMesh, or the layout of a model loaded already sharded: this Trainer's
+        self.runtime = parallelism.with_layout(args, self.runtime, model)
         _set_log_level(args)
         if DebugOption.TPU_METRICS_DEBUG in args.debug:
             raise ValueError(
