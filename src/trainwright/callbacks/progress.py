@@ -58,8 +58,9 @@ class ProgressCallback(TrainerCallback):
     during evaluation/prediction, and each log row written above the bars. When the output is not
     a terminal (CI logs, nohup, Slurm) no bar is drawn, since every redraw would become a line: each
     log row is printed as one line prefixed with `[step/max_steps]`, one line at the start and end
-    of training, and, every `every` seconds, a progress line (step, percent, steps/s, time left). Rows logged outside training (a standalone `evaluate()`) are printed too,
-    where transformers drops them.
+    of training, and, every `every` seconds, a progress line (step, percent, steps/s, time left).
+    Rows logged outside training (a standalone `evaluate()`) are printed too, where transformers
+    drops them.
 
     Args:
         max_str_len: strings in log rows longer than this are replaced by a short note.

@@ -99,8 +99,7 @@ def build_parts(
     for cb in trainer.callback_handler.callbacks:  # callbacks that are checkpoint parts of their own
         name = getattr(cb, "checkpoint_part", None)
         if name is not None:
-            if declared_spec(name, cb) is None:  # its own checkpoint_file, else a row of layout.PARTS
-                spec(name)
+            declared_spec(name, cb) or spec(name)  # its own checkpoint_file, else a row of layout.PARTS
             parts[name] = cb
     return parts
 
@@ -226,15 +225,14 @@ class SchedulerPart:
         trainer, optimizer = self.trainer, self.trainer.optimizer
         if optimizer is not None:
             rates = [group["lr"] for group in optimizer.param_groups]  # the checkpoint's, loaded before
-            resized = self.data_state.resized_to
             scheduler = resume.keep_saved_schedule(
                 trainer.args,
                 trainer.lr_scheduler,
                 optimizer,
-                self.run.max_steps if resized is None else resized,
+                self.run.max_steps,  # the data state's check re-sized it where the geometry changed
                 self.folder,
                 trainer._created_scheduler,
-                resized=resized is not None,
+                resized=self.data_state.resized_to is not None,
             )
             if scheduler is not trainer.lr_scheduler:  # a new scheduler sets the rates of its step 0
                 trainer.lr_scheduler = scheduler

@@ -133,11 +133,9 @@ class TrainingRun:
     ) -> None:
         """A checkpoint's position: the cursor, whether its evaluation still has to run, and whether
         an iterable dataset's own state came back (then it skips nothing)."""
-        self.cursor, self.evaluation_pending, self.iterable_restored = (
-            cursor,
-            evaluation_pending,
-            iterable_restored,
-        )
+        self.cursor = cursor
+        self.evaluation_pending = evaluation_pending
+        self.iterable_restored = iterable_restored
 
     @contextlib.contextmanager
     def evaluating(self) -> Iterator[None]:

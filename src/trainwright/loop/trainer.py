@@ -84,11 +84,11 @@ class Trainer(TrainerAPI):
                         ignore_keys_for_eval=ignore_keys_for_eval,
                     )
                 finally:
-                    if (
-                        self._run is not None
-                    ):  # on an exception: the write in flight finishes before the lock goes
+                    # on an exception the write in flight finishes before the lock goes; the run's
+                    # plug-ins come off before the call's
+                    if self._run is not None:
                         self._run.checkpointer.abandon()
-                        self._run.close()  # the run's plug-ins come off before the call's
+                        self._run.close()
             preempted = self._run.preemption.requested if self._run is not None else None
             if preempted is not None:
                 logger.warning("Preempted by %s: checkpoint written, exiting.", preempted.name)
@@ -493,9 +493,8 @@ class Trainer(TrainerAPI):
         self._memory_tracker.stop_and_update_metrics("train", metrics)
         row = {**window, **metrics}
         self.log(row)
-        metrics.update(
-            (k, v) for k, v in row.items() if k not in window
-        )  # what log added (epoch), as upstream
+        # what log added to the row (epoch) is in the returned metrics too, as upstream's
+        metrics.update((k, v) for k, v in row.items() if k not in window)
         if args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
             self._load_best_model()
         run.checkpointer.keep_only_best()
