@@ -9,8 +9,8 @@ It is FSDP2's engine (`FSDPEngine`: DCP checkpoints, consolidated weights for `s
 
 `ContextParallelEngine` (`cp_size > 1`, CUDA) adds the sequence split to the micro-batch context.
 
-What the loop needs besides is a fact of the runtime's layout, set when the Trainer is built
-(`parallelism.set_up`): the data loaders deal batches per data-parallel rank (tensor-parallel peers
+What the loop needs besides is a fact of the Trainer's runtime layout, set when the Trainer is built
+(`parallelism.with_layout`): the data loaders deal batches per data-parallel rank (tensor-parallel peers
 read the same batch), item counts are summed over the data-parallel ranks, and FLOPs, samples and
 tokens are counted once per data-parallel rank.
 
