@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # the offline tokenizer, 
 
 def child(ns: argparse.Namespace) -> None:
     """One training run on whichever library `transformers.Trainer` is; prints its rate as JSON."""
-    import ecosystem_fixtures as eco
+    from kit import ecosystem as eco
     import torch
     import transformers
     import trl

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -87,6 +86,24 @@ class VectorDataset(Dataset):
         return {"x": self.x[i], "labels": self.y[i]}
 
 
+class PaddedLM(Dataset):
+    """Sequences with very different numbers of label tokens (the rest is -100)."""
+
+    def __init__(self, n=8, seq=12, vocab=64, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(1, vocab, (n, seq), generator=g)
+        self.labels = self.ids.clone()
+        for i in range(n):
+            keep = 2 + (i * i * 3) % (seq - 2)  # 2..11 real targets, different per sample
+            self.labels[i, keep:] = -100
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.labels[i]}
+
+
 def tiny_gpt2(vocab: int = 64, n_layer: int = 2, n_embd: int = 32, seed: int = 0, dropout: float = 0.0):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(seed)
@@ -130,6 +147,23 @@ def _quiet_logs():
 
 
 @pytest.fixture
+def jobs():
+    """Start tests/jobs/fault_job.py with a config (`jobs(cfg)`); every job still running is killed at the end."""
+    from kit.faults import FaultJob
+
+    started: list[FaultJob] = []
+
+    def start(cfg: dict) -> FaultJob:
+        job = FaultJob(cfg)
+        started.append(job)
+        return job
+
+    yield start
+    for job in started:
+        job.kill()
+
+
+@pytest.fixture
 def make_args(tmp_path):
     from trainwright.args.training_args import TrainingArguments
 
@@ -142,24 +176,3 @@ def make_args(tmp_path):
         return TrainingArguments(**kw)
 
     return make
-
-
-def torchrun_command(nproc: int = 2) -> list[str]:
-    """`python -m torch.distributed.run` on the loopback with a free port; the script and its arguments follow."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}",
-    ]
-
-
-def free_port() -> int:
-    """A free TCP port on the loopback interface (for a torchrun's --master_port)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -5,7 +5,7 @@
 transformers is an optional dependency: where it is installed, its class is used (so
 `get_optimizer_cls_and_kwargs` returns upstream's class); otherwise `Adafactor` below, which
 computes the same update in the same order of operations, so the weights are equal bit for bit
-(`tests/test_optim_adafactor.py` steps both side by side).
+(`tests/optim/test_optim_adafactor.py` steps both side by side).
 """
 
 from __future__ import annotations

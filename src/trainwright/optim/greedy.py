@@ -5,7 +5,7 @@ that improved the metric and multiplies it by `factor` after more than `patience
 within `[min_lr, max_lr]`, with cooldown/warmup pauses after a change and a reset to the initial
 LRs after `reset_start` reductions at the floor. Where transformers is installed its class is
 used (`lr_scheduler_type="greedy"` then gives upstream's object); otherwise `GreedyLR` below, the
-same rule (`tests/test_schedules_greedy.py` steps both side by side). Its state is numbers, strings
+same rule (`tests/optim/test_schedules_greedy.py` steps both side by side). Its state is numbers, strings
 and lists: `scheduler.pt` loads with `weights_only=True`.
 """
 

@@ -1,0 +1,291 @@
+"""TRL's trainers on tiny offline models, as a TRL user writes them (only transformers and trl are
+imported): run with `python trl_job.py CFG` they train on transformers, with
+`python -m trainwright run trl_job.py CFG` on trainwright (tests/app/test_trl.py runs both).
+
+CFG is JSON: {"scenarios": [...], "root": dir, "tokenizer": dir, "report": file.json, options}.
+Scenarios: sft, sft_lora, sft_pack, dpo (a reference model), dpo_none (`ref_model=None`, the model
+loaded from a folder), dpo_lora, reward, grpo (generation through `model.generate`, a Python reward);
+and the other trainers built on the Trainer: kto, rloo, distillation, orpo, cpo, gkd (training only).
+Each trains 4 steps (a checkpoint every 2) and reports its log history, the files it wrote and the
+base class its trainer has. Options: "resumed" (a second trainer per scenario resumes checkpoint-2 in
+this process; its final weights are compared with the first's), "async" (a third run with async_save,
+whose checkpoint files are compared byte for byte), "accumulation" (SFT: one step of a batch of 4
+against two micro-batches of 2), "only_resume" (resume the newest checkpoint of `root/<scenario>`),
+"announce" (print SAVED <step> at each save, sleep "pause" seconds a step: for the signal tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the shared kit
+import transformers  # noqa: E402
+import trl  # noqa: E402
+from kit import ecosystem as eco  # noqa: E402
+from peft import LoraConfig  # noqa: E402
+
+
+def reward_len(completions, **kwargs):
+    return [len(c) / 10 for c in completions]
+
+
+class Announce(transformers.TrainerCallback):
+    def __init__(self, pause: float) -> None:
+        self.pause = pause
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(self.pause)
+
+    def on_save(self, args, state, control, **kwargs):
+        print(f"SAVED {state.global_step}", flush=True)
+
+
+def build(scenario: str, tok, out: str, cfg: dict, **overrides):
+    kw = dict(
+        output_dir=out,
+        max_steps=4,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        logging_steps=1,
+        save_steps=2,
+        eval_strategy="steps",
+        eval_steps=2,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        disable_tqdm=True,
+        seed=5,
+    )
+    kw.update(overrides)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    common = dict(processing_class=tok)
+    if cfg.get("announce"):
+        common["callbacks"] = [Announce(cfg.get("pause", 0.0))]
+    if scenario.startswith("sft"):
+        if scenario == "sft_pack":
+            kw.update(packing=True, max_length=24)
+        args = trl.SFTConfig(**kw)
+        peft = lora if scenario == "sft_lora" else None
+        return trl.SFTTrainer(
+            model=eco.llama(tok),
+            args=args,
+            train_dataset=eco.completions(),
+            eval_dataset=eco.completions(8, 9),
+            peft_config=peft,
+            **common,
+        )
+    if scenario.startswith("dpo"):
+        args = trl.DPOConfig(**kw)
+        data = dict(train_dataset=eco.preferences(), eval_dataset=eco.preferences(8, 9))
+        if scenario == "dpo":
+            return trl.DPOTrainer(model=eco.llama(tok), ref_model=eco.llama(tok), args=args, **data, **common)
+        if scenario == "dpo_lora":
+            return trl.DPOTrainer(model=eco.llama(tok), args=args, peft_config=lora, **data, **common)
+        folder = os.path.join(os.path.dirname(out), "base_model")
+        if not os.path.isdir(folder):
+            eco.llama(tok).save_pretrained(folder)
+        return trl.DPOTrainer(model=folder, ref_model=None, args=args, **data, **common)
+    if scenario == "reward":
+        args = trl.RewardConfig(**kw)
+        return trl.RewardTrainer(
+            model=eco.llama_classifier(tok),
+            args=args,
+            train_dataset=eco.preferences(),
+            eval_dataset=eco.preferences(8, 9),
+            **common,
+        )
+    if scenario == "grpo":
+        kw.update(num_generations=4, max_completion_length=8)
+        args = trl.GRPOConfig(**kw)
+        return trl.GRPOTrainer(
+            model=eco.llama(tok),
+            reward_funcs=reward_len,
+            args=args,
+            train_dataset=eco.prompts(),
+            eval_dataset=eco.prompts(8, 9),
+            **common,
+        )
+    return build_more(scenario, tok, kw, common)
+
+
+def build_more(scenario: str, tok, kw: dict, common: dict):
+    """The other TRL trainers: KTO, RLOO, distillation, and the experimental ORPO, CPO and GKD."""
+    kw = {**kw, "eval_strategy": "no"}  # trained only
+    if scenario == "kto":
+        from datasets import Dataset
+
+        rows = [
+            {"prompt": r["prompt"], "completion": r[side], "label": side == "chosen"}
+            for r in eco.preferences()
+            for side in ("chosen", "rejected")
+        ]
+        return trl.KTOTrainer(
+            model=eco.llama(tok),
+            ref_model=eco.llama(tok),
+            args=trl.KTOConfig(**kw),
+            train_dataset=Dataset.from_list(rows),
+            **common,
+        )
+    if scenario == "rloo":
+        args = trl.RLOOConfig(**kw, num_generations=4, max_completion_length=8, beta=0.0)
+        return trl.RLOOTrainer(
+            model=eco.llama(tok), reward_funcs=reward_len, args=args, train_dataset=eco.prompts(), **common
+        )
+    if scenario == "distillation":
+        args = trl.DistillationConfig(**kw, max_completion_length=8)
+        return trl.DistillationTrainer(
+            model=eco.llama(tok),
+            teacher_model=eco.llama(tok, seed=1),
+            args=args,
+            train_dataset=eco.completions(),
+            **common,
+        )
+    return build_experimental(scenario, tok, kw, common)
+
+
+def build_experimental(scenario: str, tok, kw: dict, common: dict):
+    if scenario in ("orpo", "cpo"):
+        from trl.experimental import cpo, orpo
+
+        trainer, config = (
+            (orpo.ORPOTrainer, orpo.ORPOConfig) if scenario == "orpo" else (cpo.CPOTrainer, cpo.CPOConfig)
+        )
+        return trainer(model=eco.llama(tok), args=config(**kw), train_dataset=eco.preferences(), **common)
+    if scenario == "gkd":
+        from datasets import Dataset
+        from trl.experimental.gkd import GKDConfig, GKDTrainer
+
+        chats = Dataset.from_list(
+            [
+                {
+                    "messages": [
+                        {"role": "user", "content": r["prompt"]},
+                        {"role": "assistant", "content": r["completion"]},
+                    ]
+                }
+                for r in eco.completions()
+            ]
+        )
+        return GKDTrainer(
+            model=eco.llama(tok),
+            teacher_model=eco.llama(tok, seed=1),
+            args=GKDConfig(**kw, max_new_tokens=4),
+            train_dataset=chats,
+            **common,
+        )
+    raise ValueError(f"unknown scenario {scenario!r}")
+
+
+def weights(trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def folder_files(path: str) -> dict[str, list[str]]:
+    return {
+        entry: sorted(os.listdir(os.path.join(path, entry)))
+        for entry in sorted(os.listdir(path))
+        if entry.startswith("checkpoint-")
+    } | {".": sorted(os.listdir(path))}
+
+
+def file_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def weight_files_equal(a: str, b: str) -> bool:
+    names = [n for n in os.listdir(a) if n.endswith((".safetensors", ".pt", "adapter_config.json"))]
+    return bool(names) and all(
+        file_bytes(os.path.join(a, n)) == file_bytes(os.path.join(b, n)) for n in names
+    )
+
+
+def run_scenario(scenario: str, tok, cfg: dict) -> dict:
+    out = os.path.join(cfg["root"], scenario)
+    if cfg.get("only_resume"):
+        trainer = build(scenario, tok, out, cfg)
+        trainer.train(resume_from_checkpoint=True)
+        return {
+            "weights_file": save_weights(trainer, out, "resumed"),
+            "global_step": trainer.state.global_step,
+        }
+    trainer = build(scenario, tok, out, cfg)
+    trainer.train()
+    trainer.save_model()
+    report = {
+        "base": next(
+            c.__module__
+            for c in type(trainer).__mro__
+            if c.__module__.startswith(("transformers", "trainwright"))
+        ),
+        "history": trainer.state.log_history,
+        "files": folder_files(out),
+        "weights_file": save_weights(trainer, out, "final"),
+    }
+    if cfg.get("resumed"):
+        again = build(scenario, tok, out + "_resumed", cfg)
+        again.train(resume_from_checkpoint=os.path.join(out, "checkpoint-2"))
+        report["resume_exact"] = same_weights(weights(again), weights(trainer))
+    if cfg.get("async"):
+        later = build(scenario, tok, out + "_async", cfg, async_save=True)
+        later.train()
+        report["async_same_bytes"] = all(
+            weight_files_equal(os.path.join(out, c), os.path.join(out + "_async", c))
+            for c in ("checkpoint-2", "checkpoint-4")
+        )
+    return report
+
+
+def save_weights(trainer, out: str, tag: str) -> str:
+    path = os.path.join(os.path.dirname(out), f"{os.path.basename(out)}-{tag}-weights.pt")
+    torch.save(weights(trainer), path)
+    return path
+
+
+def accumulation(tok, cfg: dict) -> dict:
+    """SFT, one step: a batch of 4 against two micro-batches of 2 (completions of different lengths)."""
+    runs = {}
+    for bs, ga in ((4, 1), (2, 2)):
+        out = os.path.join(cfg["root"], f"sft_ga{ga}")
+        trainer = build(
+            "sft",
+            tok,
+            out,
+            cfg,
+            per_device_train_batch_size=bs,
+            gradient_accumulation_steps=ga,
+            max_steps=1,
+            eval_strategy="no",
+            save_strategy="no",
+            learning_rate=1e-2,
+            optim="sgd",
+        )
+        trainer.train()
+        runs[ga] = (weights(trainer), trainer.state.log_history[0]["loss"])
+    (w1, l1), (w2, l2) = runs[1], runs[2]
+    diff = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
+    return {"max_weight_difference": diff, "losses": [l1, l2]}
+
+
+def main(cfg: dict) -> None:
+    torch.set_num_threads(1)
+    tok = eco.tokenizer(cfg["tokenizer"])
+    report = {name: run_scenario(name, tok, cfg) for name in cfg.get("scenarios", [])}
+    if cfg.get("accumulation"):
+        report["accumulation"] = accumulation(tok, cfg)
+    with open(cfg["report"], "w") as f:
+        json.dump(report, f)
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
