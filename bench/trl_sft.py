@@ -28,10 +28,10 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # the offline tokenizer, 
 
 def child(ns: argparse.Namespace) -> None:
     """One training run on whichever library `transformers.Trainer` is; prints its rate as JSON."""
-    from kit import ecosystem as eco
     import torch
     import transformers
     import trl
+    from kit import ecosystem as eco
 
     if ns.threads:
         torch.set_num_threads(ns.threads)
