@@ -76,7 +76,9 @@ def _layer(module: str) -> tuple[str, int]:
     parts = module.split(".")
     top = parts[1] if len(parts) > 1 else "__init__"
     if top not in RANK:
-        raise AssertionError(f"{module}: its folder {top!r} has no layer in tests/project/test_layers.py LAYERS")
+        raise AssertionError(
+            f"{module}: its folder {top!r} has no layer in tests/project/test_layers.py LAYERS"
+        )
     return top, RANK[top]
 
 
