@@ -14,7 +14,10 @@ Prints, for the Trainer and the code around it:
 * lines and branch points of the evaluation's functions (`EVAL_PATH`);
 * writes to a `TrainingRun`'s fields from other modules (`run.x = ...`);
 * the loop files, besides the plug-in table, that name an optional feature (`PLUGIN_NAMES`): what a
-  new add-on of that kind touches beyond its own file.
+  new add-on of that kind touches beyond its own file;
+* the tests' shape (`tests/` beside the package's `src/`): test files over 600 lines, test files in a
+  folder that is not a package folder (`SHARED_TEST_FOLDERS` besides), and imports of a test module by
+  another (of another folder's: a shared helper belongs in `tests/kit/` or conftest).
 
 The same script measures an old tree (`git worktree add /tmp/old <commit>`; pass its `src/trainwright`),
 so before/after numbers come from one method.
@@ -314,6 +317,46 @@ def plugin_sites(src: Path) -> dict[str, list[str]]:
     }
 
 
+# Test folders that hold no package folder's tests: shared helpers, job scripts, whole-project checks.
+SHARED_TEST_FOLDERS = {"kit", "jobs", "project"}
+
+
+def _test_imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return {name for name in names if name.startswith("test_")}
+
+
+def test_shape(tests: Path, src: Path) -> None:
+    files = sorted(tests.rglob("test_*.py"))
+    folder_of = {f.stem: f.parent.relative_to(tests).as_posix() for f in files}
+    large = [(len(f.read_text().splitlines()), f.relative_to(tests).as_posix()) for f in files]
+    large = sorted((n, name) for n, name in large if n > 600)
+    packages = {d.name for d in src.iterdir() if d.is_dir() and (d / "__init__.py").exists()}
+    astray = [
+        f.relative_to(tests).as_posix()
+        for f in files
+        if f.parent.relative_to(tests).parts[:1] not in [(p,) for p in packages | SHARED_TEST_FOLDERS]
+    ]
+    imports = [(f, name) for f in files for name in sorted(_test_imports(f)) if name in folder_of]
+    crossing = [
+        f"{f.relative_to(tests).as_posix()} -> {name}"
+        for f, name in imports
+        if folder_of[name] != folder_of[f.stem]
+    ]
+    print(f"tests: {len(files)} test files, over 600 lines: {len(large)}")
+    print("  " + ", ".join(f"{name} {n}" for n, name in large))
+    print(
+        f"test files outside a package folder: {len(astray)}; test modules importing a test module: "
+        f"{len(imports)}, of another folder: {len(crossing)}"
+    )
+    print("  " + ", ".join(crossing))
+
+
 def main() -> None:
     src = (
         Path(sys.argv[1])
@@ -371,6 +414,9 @@ def main() -> None:
     taking = functions_taking_trainer(src)
     files = {t.partition(":")[0] for t in taking}
     print(f"functions outside the Trainer's files taking `trainer`: {len(taking)} in {len(files)} files")
+    tests = src.parents[1] / "tests"
+    if tests.is_dir():
+        test_shape(tests, src)
 
 
 if __name__ == "__main__":

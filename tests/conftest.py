@@ -105,39 +105,35 @@ class PaddedLM(Dataset):
 
 
 def tiny_gpt2(vocab: int = 64, n_layer: int = 2, n_embd: int = 32, seed: int = 0, dropout: float = 0.0):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(seed)
-    config = transformers.GPT2Config(
+    """kit.hf's GPT-2 without a tokenizer: `vocab` ids, bos and eos 0."""
+    pytest.importorskip("transformers")
+    from kit import hf
+
+    return hf.gpt2(
+        seed,
+        vocab_size=vocab,
         n_layer=n_layer,
         n_embd=n_embd,
-        n_head=2,
-        vocab_size=vocab,
-        n_positions=64,
+        dropout=dropout,
         bos_token_id=0,
         eos_token_id=0,
-        resid_pdrop=dropout,
-        embd_pdrop=dropout,
-        attn_pdrop=dropout,
     )
-    return transformers.GPT2LMHeadModel(config)
 
 
 def tiny_t5():
     """A 1-layer T5 (vocabulary 32) that generates: pad 0, eos 1, decoder start 0."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.T5Config(
-        vocab_size=32,
-        d_model=16,
-        d_kv=8,
-        d_ff=32,
-        num_layers=1,
-        num_heads=2,
-        decoder_start_token_id=0,
-        pad_token_id=0,
-        eos_token_id=1,
-    )
-    return transformers.T5ForConditionalGeneration(config)
+    pytest.importorskip("transformers")
+    from kit import hf
+
+    return hf.t5(0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+
+
+def regression_with_eval(trainer_class, args, length: int = 64, model=None, **kw):
+    """`trainer_class` on `model` (a new RegressionModel) with train and eval sets of `length`
+    RegressionDataset samples; `kw` goes to the trainer."""
+    model = RegressionModel() if model is None else model
+    train, evaluation = RegressionDataset(length=length), RegressionDataset(length=length)
+    return trainer_class(model, args, train_dataset=train, eval_dataset=evaluation, **kw)
 
 
 @pytest.fixture(autouse=True)

@@ -16,6 +16,13 @@ from trainwright.app import cli  # noqa: E402
 from trainwright.app.plot import load_log_history, plot_run  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+EVERY_FIGURE = {
+    "plot_loss.png",
+    "plot_eval_metrics.png",
+    "plot_learning_rate.png",
+    "plot_grad_norm.png",
+    "plot_throughput.png",
+}
 
 
 def _history(steps: int = 20, eval_every: int = 5) -> list[dict]:
@@ -78,14 +85,7 @@ def _check_png(path: str) -> None:
 def test_plot_run_draws_every_figure_with_data(tmp_path):
     folder = _write_state(tmp_path / "run", _history())
     paths = plot_run(folder)
-    names = {os.path.basename(p) for p in paths}
-    assert names == {
-        "plot_loss.png",
-        "plot_eval_metrics.png",
-        "plot_learning_rate.png",
-        "plot_grad_norm.png",
-        "plot_throughput.png",
-    }
+    assert {os.path.basename(p) for p in paths} == EVERY_FIGURE
     for p in paths:
         assert os.path.dirname(p) == folder
         _check_png(p)
@@ -238,33 +238,25 @@ def test_no_throughput_figure_without_speed_monitor_rows(tmp_path, caplog):
 
 def test_plot_of_a_real_training_run(make_args):
     import numpy as np
-    from conftest import RegressionDataset, RegressionModel
+    from conftest import RegressionDataset
+    from kit.runs import regression_trainer
 
     from trainwright.callbacks.speed_monitor import SpeedMonitor
-    from trainwright.loop.trainer import Trainer
 
     def mae(pred):
         return {"mae": float(np.abs(pred.predictions - pred.label_ids).mean())}
 
     args = make_args(max_steps=8, logging_steps=2, eval_strategy="steps", eval_steps=4)
-    trainer = Trainer(
-        model=RegressionModel(),
-        args=args,
-        train_dataset=RegressionDataset(),
-        eval_dataset=RegressionDataset(length=16, seed=1),
+    trainer = regression_trainer(
+        args,
+        RegressionDataset(length=16, seed=1),
         compute_metrics=mae,
         callbacks=[SpeedMonitor(window_size=1)],  # a full window (two step ends) at every log row
     )
     trainer.train()
     trainer.save_state()
     paths = plot_run(args.output_dir)
-    assert {os.path.basename(p) for p in paths} == {
-        "plot_loss.png",
-        "plot_eval_metrics.png",
-        "plot_learning_rate.png",
-        "plot_grad_norm.png",
-        "plot_throughput.png",
-    }
+    assert {os.path.basename(p) for p in paths} == EVERY_FIGURE
     for p in paths:
         _check_png(p)
     # one process: the SpeedMonitor's per-device rates equal the whole-run ones and are not drawn

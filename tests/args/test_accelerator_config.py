@@ -10,16 +10,11 @@ import json
 import numpy as np
 import pytest
 import torch
+from args_kit import make
 
 from trainwright import Trainer, TrainingArguments
 from trainwright.args.accelerator_config import AcceleratorConfig
 from trainwright.core.runtime import Runtime
-
-
-def make(**kw) -> TrainingArguments:
-    kw.setdefault("output_dir", "out")
-    return TrainingArguments(**kw)
-
 
 # ------------------------------------------------------------------------------- reading it
 

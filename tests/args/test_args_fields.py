@@ -10,25 +10,17 @@ import signal
 import numpy as np
 import pytest
 import torch
+from kit import faults
 from torch import nn
-from torch.utils.data import Dataset
 
 from trainwright import Trainer, TrainerCallback, TrainingArguments
 from trainwright import data as data_utils
 from trainwright.core.state import ExportableState
 
 
-class Data(Dataset):
-    def __init__(self, n: int = 16, seed: int = 0):
-        g = torch.Generator().manual_seed(seed)
-        self.x = torch.randn(n, 4, generator=g)
-        self.y = self.x.sum(-1)
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> dict:
-        return {"x": self.x[i], "labels": self.y[i]}
+class Data(faults.Data):
+    def __init__(self, n: int = 16):
+        super().__init__(n, d=4)
 
 
 class Net(nn.Module):

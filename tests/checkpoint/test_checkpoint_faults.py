@@ -1,4 +1,5 @@
-"""Crash safety of write_checkpoint: SIGKILL a saving process at many instants, then resume.
+"""Crash safety of write_checkpoint: SIGKILL a saving process at many instants (saving in its own thread
+or through the async writer), then resume.
 
 A "zygote" subprocess imports torch once and forks one worker per trial (a fresh interpreter per
 kill would cost ~2 s each). The worker saves checkpoints; once it is past two ungated saves, every
@@ -23,10 +24,12 @@ import warnings
 
 import pytest
 import torch
+from checkpoint_kit import hidden_entries
 
 import trainwright.checkpoint as ckpt
 
-# The child's set-up: a model and an optimizer, the line protocol with the parent, gated os calls.
+# The child's set-up: a model and an optimizer, the line protocol with the parent, gated os calls, and
+# the checkpoint's files written each behind a gate.
 _ZYGOTE_PREAMBLE = textwrap.dedent(
     """
     import builtins, os, sys, traceback
@@ -74,30 +77,78 @@ _ZYGOTE_PREAMBLE = textwrap.dedent(
             return real(*args, **kwargs)
 
         return wrapper
-    """
-)
-_ZYGOTE = _ZYGOTE_PREAMBLE + textwrap.dedent(
-    """
 
-    def save(out, step, version):
+    def begin(step, version):
         send(f"saving {step} {version}")
         with torch.no_grad():
             for p in model.parameters():
                 p.fill_(step * 10 + version)
 
+    def write_gated(out, step, version, copy=None):
+        # from the live model and optimizer, or from `copy`: a snapshot of them and of the RNG state
         def write(tmp):
             gate("write model")
-            ckpt.save_model_weights(model, tmp)
+            ckpt.save_model_weights(model, tmp, state_dict=copy["model"] if copy else None)
             gate("write optimizer")
-            ckpt.save_torch_state(opt.state_dict(), os.path.join(tmp, ckpt.OPTIMIZER_NAME))
+            optimizer = copy["optimizer"] if copy else opt.state_dict()
+            ckpt.save_torch_state(optimizer, os.path.join(tmp, ckpt.OPTIMIZER_NAME))
             gate("write rng")
-            ckpt.save_rng_state(tmp)
+            if copy:
+                ckpt.save_torch_state(copy["rng"], ckpt.rng_state_file(tmp))
+            else:
+                ckpt.save_rng_state(tmp)
             gate("write trainer_state")
             ckpt.write_json(os.path.join(tmp, ckpt.TRAINER_STATE_NAME), {"global_step": step, "version": version})
 
-        ckpt.write_checkpoint(out, f"checkpoint-{step}", write)
+        return ckpt.write_checkpoint(out, f"checkpoint-{step}", write)
+
+    def saved(out, step, version):
         ckpt.rotate_checkpoints(out, save_total_limit=2)
         send(f"saved {step} {version}")
+    """
+)
+# How the worker saves: `save(out, step, version)`, and `finish()` before it reports done.
+_SAVES = {
+    "sync": textwrap.dedent(
+        """
+        def save(out, step, version):
+            begin(step, version)
+            write_gated(out, step, version)
+            saved(out, step, version)
+
+        def finish():
+            pass
+        """
+    ),
+    # Through the async writer: the worker snapshots, goes on mutating the live weights while the
+    # writer thread writes, and reports a save as done only when its on_done ran.
+    "async": textwrap.dedent(
+        """
+        from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
+
+        writer = AsyncCheckpointWriter()
+
+        def save(out, step, version):
+            writer.wait()
+            begin(step, version)
+            state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "rng": ckpt.capture_rng_state()}
+            write_files = lambda copy: write_gated(out, step, version, copy)
+            done = lambda path: saved(out, step, version)  # in the training thread
+            writer.save(os.path.join(out, f"checkpoint-{step}"), state, write_files, done)
+            # training goes on while the checkpoint is written: the live weights move away from it
+            while writer.pending:
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(0.5)
+                writer.poll()
+
+        finish = writer.wait
+        """
+    ),
+}
+# The worker: two saves, then every operation gated for three more; the zygote forks one per "run".
+_ZYGOTE_LOOP = textwrap.dedent(
+    """
 
     def work(out):
         global gating
@@ -117,6 +168,7 @@ _ZYGOTE = _ZYGOTE_PREAMBLE + textwrap.dedent(
         save(out, 3, 1)
         save(out, 3, 2)  # the same step saved again replaces the folder
         save(out, 4, 1)
+        finish()
         send("done")
 
     send("ready")
@@ -140,9 +192,9 @@ _ZYGOTE = _ZYGOTE_PREAMBLE + textwrap.dedent(
 
 
 class _Zygote:
-    def __init__(self, tmp_path, width: int) -> None:
-        script = tmp_path / "zygote.py"
-        script.write_text(_ZYGOTE)
+    def __init__(self, tmp_path, width: int, saves: str) -> None:
+        script = tmp_path / f"{saves}_zygote.py"
+        script.write_text(_ZYGOTE_PREAMBLE + _SAVES[saves] + _ZYGOTE_LOOP)
         self.proc = subprocess.Popen(
             [sys.executable, str(script), str(width)],
             stdin=subprocess.PIPE,
@@ -200,10 +252,6 @@ class _Zygote:
         self.proc.wait(timeout=30)
 
 
-def _hidden(folder) -> list[str]:
-    return sorted(e for e in os.listdir(folder) if e.startswith("."))
-
-
 def _check_after_crash(out, result: dict, width: int) -> None:
     where = f"killed at op {len(result['ops']) - 1} ({result['ops'][-1]!r})"
     with warnings.catch_warnings(record=True) as caught:
@@ -225,13 +273,13 @@ def _check_after_crash(out, result: dict, width: int) -> None:
         assert ckpt.verify_checkpoint(path) == [], f"{where}: {path}"
 
     ckpt.write_checkpoint(out, "checkpoint-100", lambda tmp: ckpt.write_json(os.path.join(tmp, "x.json"), {}))
-    assert _hidden(out) == [], where
+    assert hidden_entries(out) == [], where
     assert os.path.isdir(os.path.join(out, f"checkpoint-{found[0]}")), where
     assert json.loads(open(os.path.join(out, f"checkpoint-{found[0]}", ckpt.TRAINER_STATE_NAME)).read())
 
 
-def _crash_trials(tmp_path, width: int, exact: int | None, delayed: int) -> int:
-    zygote = _Zygote(tmp_path, width)
+def _crash_trials(tmp_path, width: int, exact: int | None, delayed: int, saves: str = "sync") -> int:
+    zygote = _Zygote(tmp_path, width, saves)
     try:
         full = zygote.run(tmp_path / "calibrate")
         assert full["saved"] == (4, 1) and not full["killed"]
@@ -263,3 +311,7 @@ def test_sigkill_during_saves_leaves_a_complete_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_sigkill_at_every_operation(tmp_path):
     _crash_trials(tmp_path, width=1024, exact=None, delayed=20)
+
+
+def test_sigkill_during_background_writes_leaves_the_previous_checkpoint(tmp_path):
+    assert _crash_trials(tmp_path, width=384, exact=16, delayed=4, saves="async") >= 20

@@ -7,27 +7,15 @@ import os
 
 import pytest
 import torch
+from checkpoint_kit import flip_byte, run_regression
 from conftest import RegressionDataset, RegressionModel
 
 import trainwright.checkpoint as ckpt
 from trainwright import Trainer
 
 
-def run(make_args, **kw):
-    args = make_args(per_device_train_batch_size=4, max_steps=6, save_strategy="steps", save_steps=2, **kw)
-    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=32))
-    trainer.train()
-    return trainer, args.output_dir
-
-
-def flip_byte(path, offset_from_end=3):
-    data = bytearray(open(path, "rb").read())
-    data[-offset_from_end] ^= 0xFF
-    open(path, "wb").write(bytes(data))
-
-
 def test_manifest_records_a_checksum_of_every_file(make_args):
-    _, out = run(make_args)
+    _, out = run_regression(make_args)
     manifest = json.load(open(os.path.join(out, "checkpoint-6", "checkpoint_complete.json")))
     assert manifest["checksum"] == "xxh3_64"
     assert set(manifest["checksums"]) == set(manifest["files"])
@@ -36,7 +24,7 @@ def test_manifest_records_a_checksum_of_every_file(make_args):
 
 @pytest.mark.parametrize("name", ["model.safetensors", "optimizer.pt", "trainer_state.json", "rng_state.pth"])
 def test_a_flipped_byte_is_caught_and_discovery_falls_back(make_args, name):
-    _, out = run(make_args)
+    _, out = run_regression(make_args)
     newest = os.path.join(out, "checkpoint-6")
     size = os.path.getsize(os.path.join(newest, name))
     flip_byte(os.path.join(newest, name))
@@ -51,7 +39,7 @@ def test_a_flipped_byte_is_caught_and_discovery_falls_back(make_args, name):
 
 
 def test_resume_true_takes_the_newest_checkpoint_that_verifies(make_args):
-    _, out = run(make_args)
+    _, out = run_regression(make_args)
     flip_byte(os.path.join(out, "checkpoint-6", "model.safetensors"))
     args = make_args(per_device_train_batch_size=4, max_steps=8)
     trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=32))
@@ -61,7 +49,7 @@ def test_resume_true_takes_the_newest_checkpoint_that_verifies(make_args):
 
 
 def test_a_damaged_rng_file_is_an_error_not_a_warning(make_args, tmp_path):
-    _, out = run(make_args)
+    _, out = run_regression(make_args)
     rng = os.path.join(out, "checkpoint-6", "rng_state.pth")
     with open(rng, "r+b") as f:  # damage it and its manifest entry, as a hand edit would
         f.truncate(10)
@@ -83,7 +71,7 @@ def test_a_damaged_pickle_is_reported_as_damaged_not_as_a_payload(tmp_path):
 
 
 def test_symlinked_files_and_folders_are_refused(make_args, tmp_path):
-    _, out = run(make_args)
+    _, out = run_regression(make_args)
     newest = os.path.join(out, "checkpoint-6")
     outside = tmp_path / "outside.pt"
     os.replace(os.path.join(newest, "optimizer.pt"), outside)

@@ -13,27 +13,12 @@ import shutil
 
 import pytest
 import torch
-from conftest import RegressionDataset, RegressionModel
+from checkpoint_kit import flip_byte, run_regression
+from conftest import RegressionModel
 
 import trainwright.checkpoint as ckpt
-from trainwright import Trainer
 from trainwright.checkpoint.manifest import manifest_problems, read_manifest
 from trainwright.checkpoint.verify import file_checksum
-
-
-def run(make_args, max_steps=6, resume=None, **kw):
-    args = make_args(
-        per_device_train_batch_size=4, max_steps=max_steps, save_strategy="steps", save_steps=2, **kw
-    )
-    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=32))
-    trainer.train(resume_from_checkpoint=resume)
-    return trainer, args.output_dir
-
-
-def flip_byte(path, offset_from_end=3):
-    data = bytearray(open(path, "rb").read())
-    data[-offset_from_end] ^= 0xFF
-    open(path, "wb").write(bytes(data))
 
 
 def manifest_path(folder):
@@ -48,20 +33,28 @@ def edit_manifest(folder, change):
         json.dump(manifest, f)
 
 
-def edit_json(folder, name, change):
-    """A hand edit of a JSON file that also updates the manifest: only the field checks can see it."""
+def rewrite(folder, name, text):
+    """A hand edit of a file that also updates the manifest: only the checks of its content can see it."""
     path = os.path.join(folder, name)
-    with open(path) as f:
-        value = json.load(f)
-    change(value)
     with open(path, "w") as f:
-        json.dump(value, f)
+        f.write(text)
 
     def record(manifest):
         manifest["files"][name] = os.path.getsize(path)
         manifest["checksums"][name] = file_checksum(path)
 
     edit_manifest(folder, record)
+
+
+def edited_newest(make_args, name, change):
+    """checkpoint-6 of a run, its JSON file `name` edited in place by `change` (the manifest agreeing)."""
+    _, out = run_regression(make_args)
+    newest = os.path.join(out, "checkpoint-6")
+    with open(os.path.join(newest, name)) as f:
+        value = json.load(f)
+    change(value)
+    rewrite(newest, name, json.dumps(value))
+    return newest
 
 
 def assert_skipped_and_refused(make_args, out, expected):
@@ -71,9 +64,9 @@ def assert_skipped_and_refused(make_args, out, expected):
     with pytest.warns(UserWarning, match=f"skipping incomplete checkpoint .*checkpoint-6.*{expected}"):
         assert ckpt.get_last_checkpoint(out) == os.path.join(out, "checkpoint-4")
     with pytest.raises(ValueError, match=f"Can't resume from {newest}: .*{expected}"):
-        run(make_args, max_steps=8, resume=newest)
+        run_regression(make_args, max_steps=8, resume=newest)
     with pytest.warns(UserWarning, match="checkpoint-6"):
-        trainer, _ = run(make_args, max_steps=8, resume=True)
+        trainer, _ = run_regression(make_args, max_steps=8, resume=True)
     assert trainer.cursor.first_step_of_call == 4
 
 
@@ -102,7 +95,7 @@ _SWITCHED_OFF = {
 @pytest.mark.parametrize("damaged", ["optimizer.pt", "model.safetensors"])
 @pytest.mark.parametrize("edit", list(_SWITCHED_OFF))
 def test_a_manifest_that_cannot_check_its_files_is_a_damaged_checkpoint(make_args, edit, damaged):
-    _, out = run(make_args)
+    _, out = run_regression(make_args)
     newest = os.path.join(out, "checkpoint-6")
     change, expected = _SWITCHED_OFF[edit]
     edit_manifest(newest, change)
@@ -113,13 +106,13 @@ def test_a_manifest_that_cannot_check_its_files_is_a_damaged_checkpoint(make_arg
 
 
 def test_a_transformers_checkpoint_without_a_manifest_still_resumes(make_args, tmp_path):
-    _, out = run(make_args)
+    _, out = run_regression(make_args)
     theirs = tmp_path / "theirs" / "checkpoint-4"
     shutil.copytree(os.path.join(out, "checkpoint-4"), theirs)
     for name in (ckpt.CHECKPOINT_COMPLETE_NAME, ckpt.DATA_STATE_NAME):  # what transformers does not write
         os.remove(theirs / name)
     assert ckpt.verify_checkpoint(theirs) == [] and ckpt.check_checkpoint_files(theirs) == []
-    trainer, _ = run(make_args, max_steps=8, resume=str(theirs))
+    trainer, _ = run_regression(make_args, max_steps=8, resume=str(theirs))
     assert trainer.state.global_step == 8 and trainer.cursor.first_step_of_call == 4
 
 
@@ -135,7 +128,7 @@ def _added_index(folder, tmp_path):
 
 
 def test_weights_the_manifest_does_not_list_are_never_loaded(make_args, tmp_path):
-    _, out = run(make_args)
+    _, out = run_regression(make_args)
     newest = os.path.join(out, "checkpoint-6")
     added = _added_index(newest, tmp_path)
     problems = ckpt.verify_checkpoint(newest)
@@ -172,7 +165,7 @@ def test_weights_the_manifest_does_not_list_are_never_loaded(make_args, tmp_path
 
 
 def test_an_added_pytorch_model_bin_is_refused_by_load_model_weights(make_args, tmp_path):
-    _, out = run(make_args)
+    _, out = run_regression(make_args)
     folder = os.path.join(out, "checkpoint-6")
     os.remove(os.path.join(folder, ckpt.WEIGHTS_NAME))  # as if the listed weights were lost...
     torch.save(
@@ -190,7 +183,7 @@ def test_an_added_pytorch_model_bin_is_refused_by_load_model_weights(make_args, 
 
 # ---------------------------------------------------------------------- item 14: headers and JSON fields
 def test_a_damaged_safetensors_header_is_named(make_args, tmp_path):
-    _, out = run(make_args)
+    _, out = run_regression(make_args)
     newest = os.path.join(out, "checkpoint-6")
     path = os.path.join(newest, ckpt.WEIGHTS_NAME)
     data = bytearray(open(path, "rb").read())
@@ -198,13 +191,13 @@ def test_a_damaged_safetensors_header_is_named(make_args, tmp_path):
     open(path, "wb").write(bytes(data))
     expected = "model.safetensors is corrupt: its header's entry '[ab]' has no valid 'data_offsets'"
     with pytest.raises(ValueError, match=f"Can't resume from {newest}: .*{expected}"):
-        run(make_args, max_steps=8, resume=newest)
+        run_regression(make_args, max_steps=8, resume=newest)
     # the same without a manifest (a transformers checkpoint): the header check alone names it
     os.remove(manifest_path(newest))
     problems = ckpt.check_checkpoint_files(newest)
     assert any(re.match(expected, p) for p in problems), problems
     with pytest.raises(ValueError, match=expected):
-        run(make_args, max_steps=8, resume=newest)
+        run_regression(make_args, max_steps=8, resume=newest)
 
 
 _TRAINER_STATE_EDITS = {
@@ -226,14 +219,12 @@ _TRAINER_STATE_EDITS = {
 
 @pytest.mark.parametrize("edit", list(_TRAINER_STATE_EDITS))
 def test_trainer_state_fields_a_resume_reads_are_checked(make_args, edit):
-    _, out = run(make_args)
-    newest = os.path.join(out, "checkpoint-6")
     change, expected = _TRAINER_STATE_EDITS[edit]
-    edit_json(newest, ckpt.TRAINER_STATE_NAME, change)
+    newest = edited_newest(make_args, ckpt.TRAINER_STATE_NAME, change)
     assert manifest_problems(newest, read_manifest(newest), True) == []  # the manifest agrees
     assert re.search(expected, "; ".join(ckpt.verify_checkpoint(newest)))  # damaged for discovery too
     with pytest.raises(ValueError, match=f"Can't resume from {newest}: {expected}"):
-        run(make_args, max_steps=8, resume=newest)
+        run_regression(make_args, max_steps=8, resume=newest)
 
 
 _DATA_STATE_EDITS = {
@@ -263,34 +254,27 @@ _DATA_STATE_EDITS = {
 
 @pytest.mark.parametrize("edit", list(_DATA_STATE_EDITS))
 def test_a_data_state_position_that_is_no_position_of_this_run_is_refused(make_args, edit):
-    _, out = run(make_args)
-    newest = os.path.join(out, "checkpoint-6")
     change, expected = _DATA_STATE_EDITS[edit]
-    edit_json(newest, ckpt.DATA_STATE_NAME, change)
+    newest = edited_newest(make_args, ckpt.DATA_STATE_NAME, change)
     with pytest.raises(
         (ValueError, ckpt.CheckpointError), match=f"Can't resume from {newest}: {expected}"
     ) as info:
-        run(make_args, max_steps=8, resume=newest)
+        run_regression(make_args, max_steps=8, resume=newest)
     if "beyond" in edit:  # the range needs this run's loader: checked when the part is restored
         assert isinstance(info.value, ckpt.CheckpointError)
         assert "pass ignore_data_skip=True" in str(info.value)
         assert os.path.join(newest, "data_state.json") in str(info.value)
-        trainer, _ = run(make_args, max_steps=8, resume=newest, ignore_data_skip=True)  # the way forward
+        trainer, _ = run_regression(
+            make_args, max_steps=8, resume=newest, ignore_data_skip=True
+        )  # the way forward
         assert trainer.state.global_step == 8
 
 
 def test_a_json_file_nested_too_deeply_is_a_damaged_checkpoint(make_args):
-    _, out = run(make_args)
+    _, out = run_regression(make_args)
     newest = os.path.join(out, "checkpoint-6")
-    path = os.path.join(newest, ckpt.TRAINER_STATE_NAME)
-    with open(path, "w") as f:
-        f.write("[" * 200_000 + "]" * 200_000)  # valid JSON, deeper than Python's parser recurses
-
-    def record(manifest):
-        manifest["files"][ckpt.TRAINER_STATE_NAME] = os.path.getsize(path)
-        manifest["checksums"][ckpt.TRAINER_STATE_NAME] = file_checksum(path)
-
-    edit_manifest(newest, record)
+    # valid JSON, deeper than Python's parser recurses
+    rewrite(newest, ckpt.TRAINER_STATE_NAME, "[" * 200_000 + "]" * 200_000)
     assert_skipped_and_refused(make_args, out, "trainer_state.json is nested too deeply")
 
 

@@ -5,19 +5,15 @@ processes: the folder is changed under a running job)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import sys
 
 import torch
-from conftest import RegressionDataset, RegressionModel
-from kit import job, job_env
+from conftest import RegressionDataset
+from kit.runs import read_until, regression_trainer, start_resume_job
 
 import trainwright
-
-JOB = job("resume_job.py")
 
 
 def _another_runs_checkpoint(folder) -> str:
@@ -25,7 +21,7 @@ def _another_runs_checkpoint(folder) -> str:
     args = trainwright.TrainingArguments(
         output_dir=str(folder), max_steps=1, save_steps=1, report_to="none", use_cpu=True, disable_tqdm=True
     )
-    trainwright.Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset()).train()
+    regression_trainer(args).train()
     done = os.path.join(str(folder), "checkpoint-100")
     os.rename(os.path.join(str(folder), "checkpoint-1"), done)
     return done
@@ -47,12 +43,7 @@ def test_the_end_of_a_limit_1_run_keeps_another_runs_checkpoints(tmp_path):
         use_cpu=True,
         disable_tqdm=True,
     )
-    trainer = trainwright.Trainer(
-        model=RegressionModel(),
-        args=args,
-        train_dataset=RegressionDataset(),
-        eval_dataset=RegressionDataset(16),
-    )
+    trainer = regression_trainer(args, RegressionDataset(16))
     trainer.train()
     kept = sorted(p for p in os.listdir(out) if p.startswith("checkpoint-"))
     assert "checkpoint-100" in kept  # another run's, kept as the start of the run said
@@ -63,17 +54,9 @@ def test_the_end_of_a_limit_1_run_keeps_another_runs_checkpoints(tmp_path):
 def _run_until_saved(out, extra: dict | None = None) -> subprocess.Popen:
     cfg = {"output_dir": str(out), "announce": True, "announce_pause": 0.4, "save_steps": 2, "epochs": 4}
     cfg.update(extra or {})
-    proc = subprocess.Popen(
-        [sys.executable, JOB, json.dumps(cfg)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=job_env(),
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("STEP 4"):  # checkpoint-2 is on disk
-            return proc
+    proc = start_resume_job(cfg)
+    if read_until(proc, "STEP 4"):  # checkpoint-2 is on disk
+        return proc
     raise AssertionError(f"the job ended early:\n{proc.stderr.read()[-3000:] if proc.stderr else ''}")
 
 

@@ -7,32 +7,22 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 
 import pytest
 import torch
 from conftest import VectorDataset
-from kit import job, job_env
+from kit.runs import read_until, scored_best_model_run, start_resume_job
+from kit.runs import resume_job_result as result
+from kit.runs import run_resume_job as run_job
 from safetensors.torch import load_file
 
 from trainwright import Trainer, TrainerState
 
-JOB = job("resume_job.py")
 
-
-def run_job(cfg: dict, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, JOB, json.dumps(cfg)], capture_output=True, text=True, env=job_env(), timeout=300
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"job failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return proc
-
-
-def result(folder: str) -> tuple[dict, dict]:
-    with open(os.path.join(folder, "result.json")) as f:
-        res = json.load(f)
-    return res, load_file(os.path.join(folder, "final", "model.safetensors"))
+def _start_from(run: str, step: int, out: str) -> None:
+    """A new run folder `out` holding only `run`'s checkpoint-`step`."""
+    os.makedirs(out)
+    shutil.copytree(os.path.join(run, f"checkpoint-{step}"), os.path.join(out, f"checkpoint-{step}"))
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +40,7 @@ def reference(tmp_path_factory):
 def test_resume_in_a_new_process_is_bit_identical(reference, tmp_path, stop):
     ref_res, ref_weights = result(reference)
     out = str(tmp_path / "resumed")
-    os.makedirs(out)
-    shutil.copytree(os.path.join(reference, f"checkpoint-{stop}"), os.path.join(out, f"checkpoint-{stop}"))
+    _start_from(reference, stop, out)
     run_job({"output_dir": out, "workers": 2, "resume": True})
     res, weights = result(out)
     assert res["global_step"] == ref_res["global_step"] == 15
@@ -104,8 +93,7 @@ def _as_an_earlier_release_wrote_it(folder: str) -> None:
 def test_a_checkpoint_of_an_earlier_release_resumes_bit_identical(reference, tmp_path):
     ref_res, ref_weights = result(reference)
     out = str(tmp_path / "resumed")
-    os.makedirs(out)
-    shutil.copytree(os.path.join(reference, "checkpoint-8"), os.path.join(out, "checkpoint-8"))
+    _start_from(reference, 8, out)
     _as_an_earlier_release_wrote_it(os.path.join(out, "checkpoint-8"))
     proc = run_job({"output_dir": out, "workers": 2, "resume": True})
     assert "unknown TrainerState keys" not in proc.stderr  # an earlier release's key is known
@@ -252,36 +240,17 @@ def test_malicious_optimizer_file_is_refused_and_never_runs(make_args, tmp_path)
 
 
 def test_rotation_keeps_best_and_newest_and_load_best_model_at_end(make_args, tmp_path):
-    from conftest import RegressionDataset, RegressionModel
-
     out = str(tmp_path / "best")
-    scores = iter([0.9, 0.1, 0.5, 0.7, 0.8])
-
-    def metric(p):
-        return {"score": next(scores)}
-
-    args = make_args(
+    trainer = scored_best_model_run(
+        make_args,
+        [0.9, 0.1, 0.5, 0.7, 0.8],
+        eval_length=16,
         output_dir=out,
         per_device_train_batch_size=8,
         max_steps=10,
-        eval_strategy="steps",
-        eval_steps=2,
-        save_strategy="steps",
-        save_steps=2,
         save_total_limit=2,
-        load_best_model_at_end=True,
-        metric_for_best_model="score",
-        greater_is_better=False,
         learning_rate=0.5,
     )
-    trainer = Trainer(
-        model=RegressionModel(),
-        args=args,
-        train_dataset=RegressionDataset(),
-        eval_dataset=RegressionDataset(length=16),
-        compute_metrics=metric,
-    )
-    trainer.train()
     kept = sorted(d for d in os.listdir(out) if d.startswith("checkpoint-"))
     assert kept == ["checkpoint-10", "checkpoint-4"]
     assert trainer.state.best_model_checkpoint == os.path.join(out, "checkpoint-4")
@@ -308,10 +277,7 @@ def test_early_stopping_state_survives_resume(tmp_path):
         saved = json.load(f)["stateful_callbacks"]["EarlyStoppingCallback"]
     assert saved["attributes"]["early_stopping_patience_counter"] >= 1
     out = str(tmp_path / "resumed")
-    os.makedirs(out)
-    shutil.copytree(
-        os.path.join(ref, f"checkpoint-{steps - 2}"), os.path.join(out, f"checkpoint-{steps - 2}")
-    )
+    _start_from(ref, steps - 2, out)
     run_job({"output_dir": out, **stopping, "resume": True})
     res, w = result(out)
     assert res["global_step"] == steps  # without the restored counter it would train longer
@@ -321,20 +287,11 @@ def test_early_stopping_state_survives_resume(tmp_path):
 
 def test_sigterm_saves_and_exits_cleanly_and_second_signal_does_not_corrupt(tmp_path):
     out = str(tmp_path / "pre")
-    env = job_env()
     cfg = {"output_dir": out, "announce": True, "announce_pause": 0.5, "save_steps": 1000, "epochs": 50}
-    proc = subprocess.Popen(
-        [sys.executable, JOB, json.dumps(cfg)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    for line in proc.stdout:
-        if line.startswith("STEP 4"):
-            proc.send_signal(signal.SIGTERM)
-            proc.send_signal(signal.SIGTERM)
-            break
+    proc = start_resume_job(cfg)
+    if read_until(proc, "STEP 4"):
+        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
     proc.stdout.read()
     assert proc.wait(timeout=120) == 0, proc.stderr.read()[-3000:]
     saved = [d for d in os.listdir(out) if d.startswith("checkpoint-")]
@@ -386,22 +343,14 @@ def _kill_and_resume(reference, tmp_path, kills):
     import time
 
     ref_res, ref_weights = result(reference)
-    env = job_env()
     for n, (step, delay_ms) in enumerate(kills):
         out = str(tmp_path / f"kill{n}")
-        cfg = {"output_dir": out, "workers": 2, "announce": True}
-        proc = subprocess.Popen(
-            [sys.executable, JOB, json.dumps(cfg)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=env,
+        proc = start_resume_job(
+            {"output_dir": out, "workers": 2, "announce": True}, stderr=subprocess.DEVNULL
         )
-        for line in proc.stdout:
-            if line.startswith(f"STEP {step}"):
-                time.sleep(delay_ms / 1000)  # a varying moment inside the previous step's save or this step
-                proc.kill()
-                break
+        if read_until(proc, f"STEP {step}"):
+            time.sleep(delay_ms / 1000)  # a varying moment inside the previous step's save or this step
+            proc.kill()
         proc.wait(timeout=60)
         run_job({"output_dir": out, "workers": 2, "resume": True})
         res, weights = result(out)

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from kit.indexed import Indexed, Recorder
 from torch.utils.data import BatchSampler
 
 from trainwright import Trainer, TrainingArguments
@@ -107,32 +108,6 @@ def test_uneven_training_steps_are_refused_naming_even_batches():
     dealing.check_same_steps(ResumableSampler(10, num_replicas=2, rank=0, even=False), 2)  # 3 and 3 batches
     with pytest.raises(ValueError, match=r"even_batches'\]=False: 9 training samples.*\[3, 2\] batches"):
         dealing.check_same_steps(ResumableSampler(9, num_replicas=2, rank=0, even=False), 2)
-
-
-class Indexed(torch.utils.data.Dataset):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> dict:
-        return {"x": torch.tensor([float(i)]), "labels": torch.tensor(0.0), "idx": torch.tensor(i)}
-
-
-class Recorder(torch.nn.Module):
-    """Records the sample indices of every training forward; predicts its input."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.zeros(1))
-        self.seen: list[list[int]] = []
-
-    def forward(self, x, labels=None, idx=None):
-        if self.training:
-            self.seen.append(idx.tolist())
-        out = x[:, 0] + self.w
-        return {"loss": ((out - labels) ** 2).mean(), "logits": out}
 
 
 def test_use_seedable_sampler_false_draws_the_seed_from_torch_and_resumes_exactly(tmp_path):

@@ -7,6 +7,7 @@ from collections import UserDict
 
 import pytest
 import torch
+from kit import hf
 from torch.utils.data import Dataset
 
 from trainwright import Trainer
@@ -48,64 +49,24 @@ def user_dict_collator(features):
     return UserDict(default_data_collator(features))
 
 
+GPT2 = {"n_layer": 1, "n_positions": 16, "bos_token_id": 1, "eos_token_id": 2}
+BERT = {"num_hidden_layers": 1, "intermediate_size": 37}
+
+
 def gpt2():
-    torch.manual_seed(0)
-    return transformers.GPT2LMHeadModel(gpt2_config())
-
-
-def gpt2_config():
-    return transformers.GPT2Config(
-        n_layer=1,
-        n_embd=32,
-        n_head=2,
-        vocab_size=64,
-        n_positions=16,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-
-
-def bert_config(**kw):
-    return transformers.BertConfig(
-        num_hidden_layers=1,
-        hidden_size=32,
-        num_attention_heads=2,
-        intermediate_size=37,
-        vocab_size=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        **kw,
-    )
+    return hf.gpt2(**GPT2)
 
 
 def bert_cls():
-    torch.manual_seed(0)
-    return transformers.BertForSequenceClassification(bert_config(num_labels=3))
+    return hf.bert("cls", num_labels=3, **BERT)
 
 
 def bert_mlm():
-    torch.manual_seed(0)
-    return transformers.BertForMaskedLM(bert_config())
+    return hf.bert("mlm", **BERT)
 
 
 def bart():
-    torch.manual_seed(0)
-    config = transformers.BartConfig(
-        encoder_layers=1,
-        decoder_layers=1,
-        d_model=32,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=37,
-        decoder_ffn_dim=37,
-        vocab_size=64,
-        dropout=0.0,
-        max_position_embeddings=32,
-    )
-    return transformers.BartForConditionalGeneration(config)
+    return hf.bart(ffn_dim=37, max_position_embeddings=32)
 
 
 def run(model_fn, make_args, data, bs, ga, collator=batch_encoding_collator, **kw):
@@ -195,7 +156,7 @@ def test_kwargs_model_that_divides_by_num_items_is_passed_it(make_args):
 
     def spy():
         torch.manual_seed(0)
-        return Spy(gpt2_config())
+        return Spy(hf.gpt2_config(**GPT2))
 
     trainer, _ = run(spy, make_args, VarLenLM(), bs=2, ga=4)
     assert trainer.model_accepts_loss_kwargs is True

@@ -412,7 +412,7 @@ def _result(folder: str) -> tuple[dict, dict]:
     [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_RESUME else c for c in CASES],
 )
 def test_resume_in_a_new_process_is_bit_identical(tokenizer_dir, tmp_path, case_name):
-    import collator_resume_job
+    from jobs import collator_resume_job
 
     reference = str(tmp_path / "reference")
     collator_resume_job.main({"case": case_name, "tokenizer": tokenizer_dir, "output_dir": reference})

@@ -15,27 +15,10 @@ import os
 import sys
 
 import torch
+from kit.indexed import READS, Indexed, Recorder, item
 
 from trainwright import Trainer, TrainingArguments
 from trainwright.data.samplers import ResumableSampler
-
-READS = [0]
-
-
-def item(i: int) -> dict:
-    return {"x": torch.tensor([float(i)]), "labels": torch.tensor(0.0), "idx": torch.tensor(i)}
-
-
-class Indexed(torch.utils.data.Dataset):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> dict:
-        READS[0] += 1
-        return item(i)
 
 
 class Stream(torch.utils.data.IterableDataset):
@@ -46,19 +29,6 @@ class Stream(torch.utils.data.IterableDataset):
         for i in range(self.n):
             READS[0] += 1
             yield item(i)
-
-
-class Recorder(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.zeros(1))
-        self.seen: list[list[int]] = []
-
-    def forward(self, x, labels=None, idx=None):
-        if self.training:
-            self.seen.append(idx.tolist())
-        out = x[:, 0] + self.w
-        return {"loss": ((out - labels) ** 2).mean(), "logits": out}
 
 
 SCENARIOS = {

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the shared kit
 from trainwright.app.tinygpt import TinyGPT, TinyGPTConfig
 from trainwright.args.training_args import TrainingArguments
 from trainwright.core.events import TrainerCallback
@@ -85,34 +86,16 @@ class MLP(nn.Module):
 
 def build_model(kind: str, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    if kind == "gpt2":  # a transformers model built from a config (nothing is downloaded)
-        import transformers
+    # transformers models from configs (nothing is downloaded), imported only by the tasks that train one
+    if kind == "gpt2":
+        from kit.hf import gpt2
 
-        config = transformers.GPT2Config(
-            n_layer=2,
-            n_embd=32,
-            n_head=2,
-            vocab_size=64,
-            n_positions=32,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-        )
-        return transformers.GPT2LMHeadModel(config)
-    if kind in ("llama", "llama_tied"):  # tiny Llama from its config: a tensor-parallel plan of its own
-        import transformers
+        return gpt2(seed=None, n_positions=32)
+    if kind in ("llama", "llama_tied"):  # tiny Llama: a tensor-parallel plan of its own
+        from kit.ecosystem import llama_lm
 
-        config = transformers.LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=16,
-            tie_word_embeddings=kind == "llama_tied",
-        )
-        return transformers.LlamaForCausalLM(config)
+        tied = kind == "llama_tied"
+        return llama_lm(seed=None, vocab_size=VOCAB, max_position_embeddings=16, tie_word_embeddings=tied)
     if kind == "lm":
         return TinyGPT(
             TinyGPTConfig(vocab_size=VOCAB, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0)

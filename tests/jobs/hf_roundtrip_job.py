@@ -89,11 +89,7 @@ def main(cfg: dict) -> None:
         batched=True,
         remove_columns=["text"],
     )
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, n_positions=64, use_cache=False, **hf._ids(tok)
-    )  # GPT-2's default dropout (0.1): the RNG matters
-    model = transformers.GPT2LMHeadModel(config)
+    model = hf.tiny_gpt2_lm(tok, dropout=0.1)  # GPT-2's default dropout: the RNG matters
     args = TrainingArguments(
         output_dir=cfg["output_dir"],
         per_device_train_batch_size=4,

@@ -28,29 +28,10 @@ def dataset(tokenizer, n: int = 48, seed: int = 5) -> list[dict]:
     return [{"input_ids": ids} for ids in tokenizer(texts, truncation=True)["input_ids"]]
 
 
-def tiny_gpt2(tokenizer, dropout: float = 0.1):
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=2,
-        n_embd=32,
-        n_head=2,
-        n_positions=64,
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        resid_pdrop=dropout,
-        embd_pdrop=dropout,
-        attn_pdrop=dropout,
-    )
-    return transformers.GPT2LMHeadModel(config)
-
-
 def main(cfg: dict) -> None:
     torch.set_num_threads(1)
     import transformers
+    from kit import hf
 
     from trainwright import Trainer, TrainingArguments
 
@@ -78,7 +59,7 @@ def main(cfg: dict) -> None:
     )
     tokenizer = transformers.AutoTokenizer.from_pretrained(cfg["tokenizer"])
     collator = transformers.DataCollatorForLanguageModeling(tokenizer, mlm=False)
-    model = tiny_gpt2(tokenizer, cfg.get("dropout", 0.1))
+    model = hf.tiny_gpt2_lm(tokenizer, dropout=cfg.get("dropout", 0.1), use_cache=True)
     trainer = Trainer(model=model, args=args, train_dataset=dataset(tokenizer), data_collator=collator)
     out = trainer.train(resume_from_checkpoint=cfg.get("resume"))
     trainer.save_model(os.path.join(cfg["output_dir"], "final"))  # every process calls it

@@ -38,30 +38,45 @@ def tokenizer(folder: str):
     return AutoTokenizer.from_pretrained(folder)
 
 
-def _llama_config(tok, **kw):
+# The decoder shape of the tiny Llama, also that of the other decoder families the tests build.
+DECODER = {
+    "num_hidden_layers": 2,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+
+
+def llama_config(vocab_size: int, **kw):
+    """A Llama config of the DECODER shape; `kw` any field."""
     from transformers import LlamaConfig
 
-    return LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        **kw,
-    )
+    return LlamaConfig(**{"vocab_size": vocab_size, **DECODER, **kw})
+
+
+def llama_lm(seed: int | None = 0, **kw):
+    """A LlamaForCausalLM of `llama_config(**kw)`, torch seeded with `seed` (None: not seeded)."""
+    from transformers import LlamaForCausalLM
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    return LlamaForCausalLM(llama_config(**kw))
+
+
+def _fields(tok) -> dict:
+    return {
+        "vocab_size": len(tok),
+        "max_position_embeddings": 64,
+        "pad_token_id": tok.pad_token_id,
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+    }
 
 
 def llama(tok, seed: int = 0):
     """A 2-layer Llama causal LM (about 20k parameters)."""
-    from transformers import LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(_llama_config(tok))
+    return llama_lm(seed, **_fields(tok))
 
 
 def llama_classifier(tok, seed: int = 0, num_labels: int = 1):
@@ -69,7 +84,7 @@ def llama_classifier(tok, seed: int = 0, num_labels: int = 1):
     from transformers import LlamaForSequenceClassification
 
     torch.manual_seed(seed)
-    return LlamaForSequenceClassification(_llama_config(tok, num_labels=num_labels))
+    return LlamaForSequenceClassification(llama_config(**_fields(tok), num_labels=num_labels))
 
 
 def _sums(n: int, seed: int) -> list[tuple[int, int]]:

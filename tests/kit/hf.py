@@ -130,7 +130,16 @@ def tokenizer(tokenizer_dir):
 
 
 # --------------------------------------------------------------------------- tiny models
-def _ids(tok) -> dict:
+# One builder a family, for every test and job: a caller passes what differs from the defaults (sizes,
+# token ids, dropout) and so gets bit for bit the model it compares. A builder seeds torch with `seed`
+# right before construction; `seed=None` leaves the generator alone (callers that never seeded).
+def _seed(seed: int | None) -> None:
+    if seed is not None:
+        torch.manual_seed(seed)
+
+
+def token_ids(tok) -> dict:
+    """The config fields a tokenizer sets: its vocabulary size and pad, bos and eos ids."""
     return {
         "vocab_size": len(tok),
         "pad_token_id": tok.pad_token_id,
@@ -139,90 +148,91 @@ def _ids(tok) -> dict:
     }
 
 
-def tiny_gpt2_lm(tok, seed: int = 0):
-    torch.manual_seed(seed)
+def gpt2_config(vocab_size: int = 64, n_layer: int = 2, n_positions: int = 64, dropout: float = 0.0, **kw):
+    """GPT-2 of width 32 and two heads; `dropout` sets its three dropout rates, `kw` any field."""
+    fields = dict(n_layer=n_layer, n_embd=HIDDEN, n_head=2, vocab_size=vocab_size, n_positions=n_positions)
+    drops = dict(resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+    return transformers.GPT2Config(**{**fields, **drops, **kw})
+
+
+def gpt2(seed: int | None = 0, **kw):
+    """A GPT2LMHeadModel of `gpt2_config(**kw)`."""
+    _seed(seed)
+    return transformers.GPT2LMHeadModel(gpt2_config(**kw))
+
+
+def tiny_gpt2_lm(tok, seed: int = 0, dropout: float = 0.0, use_cache: bool = False):
     # use_cache=False: GPT-2 builds a cache in training too, and with one it does not detect
     # sequences packed by DataCollatorWithFlattening (they would attend to each other)
-    config = transformers.GPT2Config(
-        n_layer=2,
-        n_embd=HIDDEN,
-        n_head=2,
-        n_positions=64,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        use_cache=False,
-        **_ids(tok),
-    )
-    return transformers.GPT2LMHeadModel(config)
+    return gpt2(seed, dropout=dropout, use_cache=use_cache, **token_ids(tok))
 
 
-def _bert_config(tok, **kw):
-    return transformers.BertConfig(
-        hidden_size=HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        **_ids(tok),
-        **kw,
-    )
+def bert_config(
+    vocab_size: int = 64, num_hidden_layers: int = 2, intermediate_size: int = 64, dropout=0.0, **kw
+):
+    """BERT of width 32 and two heads; `dropout` sets its hidden and attention dropout, `kw` any field."""
+    fields = dict(hidden_size=HIDDEN, num_attention_heads=2, vocab_size=vocab_size)
+    fields.update(num_hidden_layers=num_hidden_layers, intermediate_size=intermediate_size)
+    drops = dict(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    return transformers.BertConfig(**{**fields, **drops, **kw})
+
+
+BERT_HEADS = {
+    "cls": "BertForSequenceClassification",
+    "mlm": "BertForMaskedLM",
+    "tok": "BertForTokenClassification",
+}
+
+
+def bert(head: str, seed: int | None = 0, **kw):
+    """BERT with the head `head` ("cls", "mlm" or "tok") of `bert_config(**kw)`."""
+    _seed(seed)
+    return getattr(transformers, BERT_HEADS[head])(bert_config(**kw))
 
 
 def tiny_bert_classifier(tok, num_labels: int = 3, seed: int = 0):
-    torch.manual_seed(seed)
-    return transformers.BertForSequenceClassification(_bert_config(tok, num_labels=num_labels))
+    return bert("cls", seed, num_labels=num_labels, max_position_embeddings=64, **token_ids(tok))
 
 
 def tiny_bert_mlm(tok, seed: int = 0):
-    torch.manual_seed(seed)
-    return transformers.BertForMaskedLM(_bert_config(tok))
+    return bert("mlm", seed, max_position_embeddings=64, **token_ids(tok))
 
 
 def tiny_bert_tagger(tok, num_labels: int = 5, seed: int = 0):
-    torch.manual_seed(seed)
-    return transformers.BertForTokenClassification(_bert_config(tok, num_labels=num_labels))
+    return bert("tok", seed, num_labels=num_labels, max_position_embeddings=64, **token_ids(tok))
+
+
+def bart(
+    seed: int | None = 0, vocab_size: int = 64, ffn_dim: int = 64, max_position_embeddings: int = 64, **kw
+):
+    """A one-layer BartForConditionalGeneration of width 32, two heads and no dropout; `kw` any field."""
+    _seed(seed)
+    layers = dict(encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2)
+    sizes = dict(d_model=HIDDEN, encoder_ffn_dim=ffn_dim, decoder_ffn_dim=ffn_dim, vocab_size=vocab_size)
+    drops = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+    sizes["max_position_embeddings"] = max_position_embeddings
+    return transformers.BartForConditionalGeneration(
+        transformers.BartConfig(**{**layers, **sizes, **drops, **kw})
+    )
 
 
 def tiny_bart(tok, seed: int = 0):
-    torch.manual_seed(seed)
-    config = transformers.BartConfig(
-        d_model=HIDDEN,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-        dropout=0.0,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        decoder_start_token_id=tok.eos_token_id,
-        forced_eos_token_id=tok.eos_token_id,
-        **_ids(tok),
-    )
-    return transformers.BartForConditionalGeneration(config)
+    eos = tok.eos_token_id
+    return bart(seed, decoder_start_token_id=eos, forced_eos_token_id=eos, **token_ids(tok))
+
+
+def t5(seed: int | None = 0, vocab_size: int = 32, d_model: int = 16, d_kv: int = 8, d_ff: int = 32, **kw):
+    """A one-layer T5ForConditionalGeneration with two heads; `kw` any field."""
+    _seed(seed)
+    sizes = dict(vocab_size=vocab_size, d_model=d_model, d_kv=d_kv, d_ff=d_ff, num_layers=1, num_heads=2)
+    return transformers.T5ForConditionalGeneration(transformers.T5Config(**{**sizes, **kw}))
 
 
 def tiny_t5(tok, seed: int = 0):
-    torch.manual_seed(seed)
-    config = transformers.T5Config(
-        d_model=HIDDEN,
-        d_kv=16,
-        d_ff=64,
-        num_layers=1,
-        num_decoder_layers=1,
-        num_heads=2,
-        dropout_rate=0.0,
-        decoder_start_token_id=tok.pad_token_id,
-        vocab_size=len(tok),
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    return transformers.T5ForConditionalGeneration(config)
+    pad, eos = tok.pad_token_id, tok.eos_token_id
+    sizes = dict(d_model=HIDDEN, d_kv=16, d_ff=64, num_decoder_layers=1, dropout_rate=0.0)
+    ids = dict(vocab_size=len(tok), pad_token_id=pad, eos_token_id=eos, decoder_start_token_id=pad)
+    return t5(seed, **sizes, **ids)
 
 
 MODEL_BUILDERS = {

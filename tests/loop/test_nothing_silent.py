@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 from conftest import RegressionDataset, RegressionModel
+from kit.runs import regression_trainer, scored_best_model_run
 from torch.utils.data import IterableDataset
 
 from trainwright import DivergenceCallback, EarlyStoppingCallback, Trainer, TrainingArguments
@@ -94,31 +95,14 @@ def test_nan_metric_never_becomes_or_freezes_the_best():
 
 
 def test_load_best_model_at_end_restores_a_finite_best(make_args):
-    values = iter([float("nan"), 0.5, float("nan"), 0.9])
-
-    def metrics(_):
-        return {"score": next(values)}
-
-    args = make_args(
+    trainer = scored_best_model_run(
+        make_args,
+        [float("nan"), 0.5, float("nan"), 0.9],
+        eval_length=8,
         max_steps=8,
-        eval_strategy="steps",
-        eval_steps=2,
-        save_strategy="steps",
-        save_steps=2,
         save_total_limit=1,
-        load_best_model_at_end=True,
-        metric_for_best_model="score",
-        greater_is_better=False,
         per_device_train_batch_size=4,
     )
-    trainer = Trainer(
-        model=RegressionModel(),
-        args=args,
-        train_dataset=RegressionDataset(),
-        eval_dataset=RegressionDataset(length=8),
-        compute_metrics=metrics,
-    )
-    trainer.train()
     assert trainer.state.best_metric == 0.5
     assert trainer.state.best_model_checkpoint.endswith("checkpoint-4")
 
@@ -179,12 +163,7 @@ def test_an_empty_eval_set_warns_and_a_best_metric_on_it_names_it(make_args, cap
         save_steps=2,
         metric_for_best_model="eval_loss",
     )
-    trainer = Trainer(
-        model=RegressionModel(),
-        args=args,
-        train_dataset=RegressionDataset(),
-        eval_dataset=RegressionDataset(length=0),
-    )
+    trainer = regression_trainer(args, RegressionDataset(length=0))
     with pytest.raises(
         ValueError, match=r"eval_dataset \(RegressionDataset\) gave no samples.*'eval_loss' at step 2"
     ):

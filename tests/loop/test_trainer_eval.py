@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import RegressionDataset, RegressionModel
+from kit.runs import regression_trainer
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -146,13 +147,7 @@ def test_several_eval_datasets_are_prefixed(make_args):
 
 def test_eval_during_training_and_prediction_loss_only(make_args):
     args = make_args(max_steps=4, eval_strategy="steps", eval_steps=3, prediction_loss_only=True)
-    trainer = Trainer(
-        model=RegressionModel(),
-        args=args,
-        train_dataset=RegressionDataset(),
-        eval_dataset=RegressionDataset(length=16),
-        compute_metrics=almost_accuracy,
-    )
+    trainer = regression_trainer(args, RegressionDataset(length=16), compute_metrics=almost_accuracy)
     trainer.train()
     evals = [r for r in trainer.state.log_history if "eval_loss" in r]
     assert [r["step"] for r in evals] == [3, 4]  # the final step is evaluated too
@@ -161,12 +156,7 @@ def test_eval_during_training_and_prediction_loss_only(make_args):
 
 def test_log_and_save_metrics_files(make_args, capsys):
     args = make_args(max_steps=3)
-    trainer = Trainer(
-        model=RegressionModel(),
-        args=args,
-        train_dataset=RegressionDataset(),
-        eval_dataset=RegressionDataset(length=16),
-    )
+    trainer = regression_trainer(args, RegressionDataset(length=16))
     out = trainer.train()
     trainer.log_metrics("train", out.metrics)
     printed = capsys.readouterr().out

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from conftest import DropoutMLP, PaddedLM, RegressionDataset, RegressionModel, VectorDataset, tiny_gpt2
+from kit.runs import regression_trainer
 from torch import nn
 from torch.utils.data import IterableDataset
 
@@ -343,11 +344,7 @@ def test_model_and_model_init_checks(make_args):
 
 
 def test_eval_strategy_without_eval_dataset_fails_before_training(make_args):
-    trainer = Trainer(
-        model=RegressionModel(),
-        args=make_args(eval_strategy="steps", eval_steps=1),
-        train_dataset=RegressionDataset(),
-    )
+    trainer = regression_trainer(make_args(eval_strategy="steps", eval_steps=1))
     with pytest.raises(ValueError, match="eval_dataset"):
         trainer.train()
     assert trainer.state.global_step == 0

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import RegressionDataset, RegressionModel, tiny_t5
+from conftest import RegressionDataset, RegressionModel, regression_with_eval, tiny_t5
 
 from trainwright import Seq2SeqTrainer, Seq2SeqTrainingArguments, Trainer
 from trainwright.data import default_data_collator
@@ -67,16 +67,11 @@ def test_custom_dataloader_without_dataset_or_batch_size(make_args):
 
 
 def test_label_smoothing_is_off_for_multi_label_classification(make_args):
-    config = transformers.BertConfig(
-        num_hidden_layers=1,
-        hidden_size=16,
-        num_attention_heads=2,
-        intermediate_size=16,
-        vocab_size=32,
-        num_labels=3,
-        problem_type="multi_label_classification",
-    )
-    model = transformers.BertForSequenceClassification(config)
+    from kit import hf
+
+    sizes = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=16, vocab_size=32, dropout=0.1)
+    model = hf.bert("cls", seed=None, num_labels=3, problem_type="multi_label_classification", **sizes)
+    config = model.config
     args = make_args(label_smoothing_factor=0.1)
     with warnings.catch_warnings(record=True) as caught:  # upstream: test_trainer_data.py
         warnings.simplefilter("always")  # `test_label_smoothing_multi_label_incompatibility`: one warning
@@ -208,12 +203,23 @@ def test_model_card_of_a_relative_output_dir_is_named_after_the_folder(make_args
     assert "# my-run" in card and "# None" not in card
 
 
-def test_reduce_lr_on_plateau_with_a_log_override_sees_only_evaluation_rows_until_the_last(tmp_path):
+def reduce_lr_on_plateau_run(trainer_class, make_args):
+    """Ten epochs of `trainer_class` on the regression task, the rate cut on a plateau of eval_loss."""
+    args = make_args(
+        lr_scheduler_type="reduce_lr_on_plateau",
+        eval_strategy="epoch",
+        metric_for_best_model="eval_loss",
+        num_train_epochs=10,
+        learning_rate=0.2,
+    )
+    trainer = regression_with_eval(trainer_class, args)
+    trainer.train()
+    return trainer
+
+
+def test_reduce_lr_on_plateau_with_a_log_override_sees_only_evaluation_rows_until_the_last(make_args):
     """transformers' own test_reduce_lr_on_plateau: a `log` override adds the learning rate, and every
     log row but the final one is an evaluation's (the last steps' loss is in the final row)."""
-    from conftest import RegressionDataset, RegressionModel
-
-    from trainwright import Trainer, TrainingArguments
 
     class WithRates(Trainer):
         def log(self, logs, start_time=None):
@@ -221,25 +227,7 @@ def test_reduce_lr_on_plateau_with_a_log_override_sees_only_evaluation_rows_unti
                 logs["learning_rate"] = self.lr_scheduler._last_lr[0]
             super().log(logs)
 
-    args = TrainingArguments(
-        str(tmp_path),
-        lr_scheduler_type="reduce_lr_on_plateau",
-        eval_strategy="epoch",
-        metric_for_best_model="eval_loss",
-        num_train_epochs=10,
-        learning_rate=0.2,
-        report_to="none",
-        use_cpu=True,
-        disable_tqdm=True,
-        save_strategy="no",
-    )
-    trainer = WithRates(
-        RegressionModel(),
-        args,
-        train_dataset=RegressionDataset(length=64),
-        eval_dataset=RegressionDataset(length=64),
-    )
-    trainer.train()
+    trainer = reduce_lr_on_plateau_run(WithRates, make_args)
     rows = trainer.state.log_history
     assert len(rows) == 11 and all("eval_loss" in row for row in rows[:-1])
     assert {"loss", "train_loss", "learning_rate"} <= set(rows[-1])

@@ -9,6 +9,7 @@ import os
 
 import pytest
 from conftest import RegressionDataset, RegressionModel
+from test_upstream_behaviours import reduce_lr_on_plateau_run
 
 from trainwright import Trainer
 
@@ -124,20 +125,7 @@ def test_reduce_lr_on_plateau_with_the_older_log(make_args):
                 logs["learning_rate"] = self.lr_scheduler._last_lr[0]
             super().log(logs)
 
-    args = make_args(
-        lr_scheduler_type="reduce_lr_on_plateau",
-        eval_strategy="epoch",
-        metric_for_best_model="eval_loss",
-        num_train_epochs=10,
-        learning_rate=0.2,
-    )
-    trainer = LogsLastLr(
-        RegressionModel(),
-        args,
-        train_dataset=RegressionDataset(length=64),
-        eval_dataset=RegressionDataset(length=64),
-    )
-    trainer.train()
+    trainer = reduce_lr_on_plateau_run(LogsLastLr, make_args)
     lrs = [row["learning_rate"] for row in trainer.state.log_history if "learning_rate" in row]
     assert lrs and all(b <= a for a, b in zip(lrs, lrs[1:]))
 

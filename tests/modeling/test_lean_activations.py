@@ -101,16 +101,7 @@ def test_attention_forward_is_transformers_sdpa_where_it_does_not_take_over():
 
 
 def _bert():
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=97,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        hidden_act="gelu_new",
-    )
-    return transformers.BertForMaskedLM(config)
+    return hf.bert("mlm", vocab_size=97, num_attention_heads=4, hidden_act="gelu_new", dropout=0.1)
 
 
 MODELS = {
@@ -179,7 +170,7 @@ def test_compiled_runs_keep_their_attention_and_a_model_with_nothing_lean_is_sai
 
 def test_a_model_on_eager_attention_keeps_it_and_still_gets_one_op_gelu(caplog):
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=97, n_positions=64)
+    config = hf.gpt2_config(vocab_size=97, dropout=0.1)
     model = transformers.GPT2LMHeadModel._from_config(config, attn_implementation="eager")
     with caplog.at_level(logging.INFO, logger="trainwright"):
         with lean_activations.applied(model):

@@ -8,6 +8,8 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
+from kit import ecosystem as eco
+from kit import hf
 
 from trainwright.modeling import fused_loss
 from trainwright.modeling.linear_ce import linear_cross_entropy
@@ -18,21 +20,11 @@ VOCAB = 97
 
 
 def _decoder_kw() -> dict:
-    return {
-        "num_hidden_layers": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": VOCAB,
-        "use_cache": False,
-    }
+    return {**eco.DECODER, "vocab_size": VOCAB, "use_cache": False}
 
 
 CONFIGS = {
-    "gpt2": lambda: transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=64, bos_token_id=0, eos_token_id=0
-    ),
+    "gpt2": lambda: hf.gpt2_config(vocab_size=VOCAB, dropout=0.1, bos_token_id=0, eos_token_id=0),
     "llama-untied": lambda: transformers.LlamaConfig(**_decoder_kw(), tie_word_embeddings=False),
     "llama-tied": lambda: transformers.LlamaConfig(**_decoder_kw(), tie_word_embeddings=True),
     "qwen2": lambda: transformers.Qwen2Config(**_decoder_kw()),
@@ -157,11 +149,7 @@ def test_shift_labels_are_the_targets_as_given():
 
 
 def test_bert_masked_lm_is_handled_unshifted_with_its_head_bias():
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2, vocab_size=VOCAB
-    )
-    model = transformers.BertForMaskedLM(config).train()
+    model = hf.bert("mlm", vocab_size=VOCAB, dropout=0.1).train()
     assert model.get_output_embeddings().bias is not None
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(0, VOCAB, (2, 11), generator=g)
@@ -183,9 +171,7 @@ def test_models_whose_logits_are_changed_after_the_head_are_refused_by_name():
     cohere = transformers.CohereForCausalLM(transformers.CohereConfig(**_decoder_kw(), logit_scale=0.5))
     applies, reason = fused_loss.fused_loss_applies(cohere)
     assert not applies and "logit_scale=0.5" in reason
-    t5 = transformers.T5ForConditionalGeneration(
-        transformers.T5Config(vocab_size=32, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
-    )
+    t5 = hf.t5(seed=None)
     applies, reason = fused_loss.fused_loss_applies(t5)
     assert not applies and "encoder-decoder" in reason
 

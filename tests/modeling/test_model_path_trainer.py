@@ -27,22 +27,9 @@ def lm_data(tok, n: int = 24, seed: int = 5) -> list[dict]:
     return [{"input_ids": ids} for ids in tok(texts, truncation=True)["input_ids"]]
 
 
-def gpt2(tok, dropout: float = 0.0, seed: int = 0):
-    torch.manual_seed(seed)
-    config = transformers.GPT2Config(
-        n_layer=2,
-        n_embd=32,
-        n_head=2,
-        n_positions=64,
-        vocab_size=len(tok),
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        resid_pdrop=dropout,
-        embd_pdrop=dropout,
-        attn_pdrop=dropout,
-    )
-    return transformers.GPT2LMHeadModel(config)
+def gpt2(tok, dropout: float = 0.0):
+    """model_path_job.py's GPT-2: the session tokenizer's, its cache on."""
+    return hf.tiny_gpt2_lm(tok, dropout=dropout, use_cache=True)
 
 
 class HeadOutputs:

@@ -269,18 +269,13 @@ def test_count_flops_returns_none_when_the_model_cannot_run_on_fake_tensors(capl
     [4, pytest.param(12, marks=pytest.mark.slow)],
 )
 def test_counting_a_large_model_does_not_copy_its_weights(n_layer):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=n_layer,
-        n_embd=768,
-        n_head=12,
-        bos_token_id=0,
-        eos_token_id=0,
-        attn_pdrop=0.0,
-        resid_pdrop=0.0,
-    )
-    model = transformers.GPT2LMHeadModel(config)
+    pytest.importorskip("transformers")
+    from kit import hf
+
+    # GPT-2 small's width, heads, vocabulary and positions (its default embedding dropout)
+    sizes = dict(n_layer=n_layer, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024, embd_pdrop=0.1)
+    model = hf.gpt2(bos_token_id=0, eos_token_id=0, **sizes)
+    config = model.config
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     ids = torch.randint(0, config.vocab_size, (8, 128))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}

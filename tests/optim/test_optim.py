@@ -35,11 +35,10 @@ class Args:
 
 
 def _gpt2():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32, bos_token_id=0, eos_token_id=0
-    )
-    return transformers.GPT2LMHeadModel(config)
+    pytest.importorskip("transformers")
+    from kit import hf
+
+    return hf.gpt2(seed=None, n_positions=32, dropout=0.1, bos_token_id=0, eos_token_id=0)
 
 
 class MyRMSNorm(nn.Module):
@@ -94,15 +93,10 @@ def test_decay_names_on_gpt2_match_transformers() -> None:
 
 def test_decay_names_on_llama_rmsnorm_match_transformers() -> None:
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        num_hidden_layers=1,
-        hidden_size=16,
-        intermediate_size=32,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        vocab_size=32,
-    )
-    model = transformers.LlamaForCausalLM(config)
+    from kit import ecosystem as eco
+
+    sizes = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=32, num_attention_heads=2)
+    model = eco.llama_lm(seed=None, vocab_size=32, **sizes)
     decay = get_decay_parameter_names(model)
     assert not [n for n in decay if "norm" in n]
     assert "model.embed_tokens.weight" in decay

@@ -10,7 +10,7 @@ import os
 
 import pytest
 import torch
-from conftest import RegressionDataset, RegressionModel
+from conftest import RegressionModel, regression_with_eval
 from torch import nn
 
 from trainwright import Trainer
@@ -136,10 +136,7 @@ def test_trainer_with_lr_scheduler_type_greedy(make_args) -> None:
         learning_rate=0.2,
         logging_strategy="epoch",
     )
-    data = RegressionDataset(length=64)
-    trainer = LogsLearningRate(
-        RegressionModel(), args, train_dataset=data, eval_dataset=RegressionDataset(length=64)
-    )
+    trainer = regression_with_eval(LogsLearningRate, args)
     trainer.train()
     assert isinstance(trainer.lr_scheduler, Upstream)
     assert trainer.lr_scheduler.last_epoch == 10  # stepped once per evaluation, with its metric
@@ -165,13 +162,7 @@ def test_a_greedy_lr_passed_in_is_stepped_with_the_eval_metric(make_args, cls, k
     scheduler = _recording(cls)(optimizer, **kwargs)
     scheduler.seen = []
     args = make_args(eval_strategy="epoch", metric_for_best_model="eval_loss", num_train_epochs=3)
-    trainer = Trainer(
-        model,
-        args,
-        train_dataset=RegressionDataset(length=64),
-        eval_dataset=RegressionDataset(length=64),
-        optimizers=(optimizer, scheduler),
-    )
+    trainer = regression_with_eval(Trainer, args, model=model, optimizers=(optimizer, scheduler))
     trainer.train()
     evals = [row["eval_loss"] for row in trainer.state.log_history if "eval_loss" in row]
     assert scheduler.seen == pytest.approx(evals) and len(evals) == 3
@@ -193,12 +184,7 @@ def test_greedy_resumes_exactly(make_args) -> None:
             learning_rate=0.2,
             **kw,
         )
-        trainer = Trainer(
-            RegressionModel(),
-            args,
-            train_dataset=RegressionDataset(length=32),
-            eval_dataset=RegressionDataset(length=32),
-        )
+        trainer = regression_with_eval(Trainer, args, length=32)
         trainer.train(resume_from_checkpoint=resume)
         return trainer
 

@@ -8,7 +8,7 @@ import logging
 import os
 
 import pytest
-from kit.reporters import TinyModel, drive, make_args
+from kit.reporters import TinyModel, drive, logged, make_args
 
 pytest.importorskip("clearml")
 
@@ -88,7 +88,7 @@ def test_checkpoint_model_failure_costs_only_checkpoint_logging(offline, tmp_pat
     reporter = ClearMLCallback()
     drive(reporter, make_args(tmp_path / "out"), LOGS[:2], save_steps=[2, 4])
     assert not reporter.disabled and reporter.log_model is False
-    warnings = [r.getMessage() for r in caplog.records if "output model" in r.getMessage()]
+    warnings = logged(caplog, "output model")
     assert len(warnings) == 1 and "checkpoint-2" in warnings[0]
     _, events = session(tmp_path)
     assert ("eval", "loss", 4) in {(e["metric"], e["variant"], e["iter"]) for e in events}

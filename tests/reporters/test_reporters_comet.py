@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import glob
 import importlib.util
-import json
 import logging
-import zipfile
 
 import pytest
-from kit.reporters import TinyModel, drive, make_args
+from kit.reporters import TinyModel, comet_offline, drive, end_and_read, logged, make_args
 
 from trainwright.reporters.comet import CometCallback
 
@@ -25,18 +22,7 @@ LOGS = [
 
 @pytest.fixture
 def offline(monkeypatch, tmp_path):
-    for name in ("COMET_API_KEY", "COMET_START_ONLINE", "COMET_PROJECT_NAME", "COMET_LOG_ASSETS"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("COMET_MODE", "offline")
-    monkeypatch.setenv("COMET_OFFLINE_DIRECTORY", str(tmp_path / "comet"))
-    # keep the test fast and quiet: no emissions tracker, environment or git scans
-    for name in ("CO2", "ENV_DETAILS", "GIT_METADATA", "GIT_PATCH", "CODE", "CLI_ARGUMENTS"):
-        monkeypatch.setenv(f"COMET_AUTO_LOG_{name}", "false")
-    monkeypatch.setenv("COMET_DISPLAY_SUMMARY_LEVEL", "0")
-    monkeypatch.setenv("COMET_ERROR_TRACKING_ENABLE", "false")  # no error reports over the network
-    # Importing comet_ml otherwise patches other libraries process-wide (it slows MLflow's runs
-    # down for every later test); the setting is read once, at import.
-    monkeypatch.setenv("COMET_DISABLE_AUTO_LOGGING", "1")
+    comet_offline(monkeypatch, tmp_path)
     global comet_ml
     import comet_ml
 
@@ -44,15 +30,6 @@ def offline(monkeypatch, tmp_path):
     running = comet_ml.get_running_experiment()
     if running is not None and not running.ended:
         running.end()
-
-
-def end_and_read(tmp_path, with_experiment: bool = False):
-    comet_ml.get_running_experiment().end()  # writes the offline archive
-    (archive,) = glob.glob(str(tmp_path / "comet" / "*.zip"))
-    with zipfile.ZipFile(archive) as z:
-        messages = [json.loads(line) for line in z.read("messages.json").decode().splitlines()]
-        experiment = json.loads(z.read("experiment.json"))
-    return (messages, experiment) if with_experiment else messages
 
 
 def test_offline_experiment_params_metrics_and_name(offline, tmp_path):
@@ -95,7 +72,7 @@ def test_disabled_mode_and_bad_mode(offline, tmp_path, caplog):
     running = comet_ml.get_running_experiment()  # an ended one from an earlier test may linger
     assert reporter.disabled and (running is None or running.ended)
     assert not (tmp_path / "comet").exists()
-    assert len([r for r in caplog.records if "COMET_MODE is disabled" in r.getMessage()]) == 1
+    assert len(logged(caplog, "COMET_MODE is disabled")) == 1
     offline.setenv("COMET_MODE", "sideways")
     with pytest.raises(ValueError, match="COMET_MODE='sideways'"):
         CometCallback()

@@ -13,6 +13,7 @@ import threading
 
 import pytest
 from conftest import RegressionDataset, RegressionModel
+from kit.reporters import logged
 
 from trainwright import Trainer, TrainingArguments
 from trainwright.reporters import normalize_report_to
@@ -178,7 +179,7 @@ def test_an_unreachable_or_untrusted_server_never_stops_training(tmp_path, in_tr
     trainer = _train(tmp_path)
     assert trainer.state.global_step == 4
     assert in_trainjob["received"] == []  # TLS is verified: nothing reached the server
-    warnings = [r.getMessage() for r in caplog.records if "Kubeflow" in r.getMessage()]
+    warnings = logged(caplog, "Kubeflow")
     assert len(warnings) == 1 and "CERTIFICATE_VERIFY_FAILED" in warnings[0]  # once, not per step
     assert "training continues" in warnings[0]
 

@@ -6,58 +6,19 @@ import logging
 import os
 
 import pytest
-from kit.reporters import TinyModel, drive, make_args, make_state
+from kit.reporters import TinyModel, drive, logged, make_args, make_state
 
 mlflow = pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
-from mlflow.tracking._tracking_service import utils as tracking_utils  # noqa: E402
+from mlflow_kit import client_for, history, isolated_mlflow, local_store, only_run  # noqa: E402, F401
 
 from trainwright.reporters.mlflow import MLflowCallback  # noqa: E402
-
-MLFLOW_VARS = (
-    "MLFLOW_TRACKING_URI",
-    "MLFLOW_EXPERIMENT_NAME",
-    "MLFLOW_EXPERIMENT_ID",  # mlflow.set_experiment sets it in os.environ
-    "MLFLOW_RUN_ID",
-    "MLFLOW_RUN_NAME",
-    "MLFLOW_NESTED_RUN",
-    "MLFLOW_TAGS",
-    "MLFLOW_FLATTEN_PARAMS",
-    "MLFLOW_MAX_LOG_PARAMS",
-    "HF_MLFLOW_LOG_ARTIFACTS",
-    "MLFLOW_ALLOW_FILE_STORE",
-)
 
 LOGS = [
     (2, {"loss": 1.5, "learning_rate": 0.1, "epoch": 0.2}),
     (4, {"loss": 1.0, "learning_rate": 0.05, "epoch": 0.4}),
     (4, {"eval_loss": 1.25, "eval_note": "text is not a metric"}),
 ]
-
-
-@pytest.fixture(autouse=True)
-def isolated_mlflow(monkeypatch):
-    for name in MLFLOW_VARS:
-        monkeypatch.delenv(name, raising=False)
-    # set_tracking_uri is process-global: undo it after each test
-    monkeypatch.setattr(tracking_utils, "_tracking_uri", None)
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    yield
-    while mlflow.active_run() is not None:
-        mlflow.end_run()
-
-
-def client_for(output_dir) -> MlflowClient:
-    return MlflowClient((output_dir / "mlruns").resolve().as_uri())
-
-
-def only_run(client):
-    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
-    return run
-
-
-def history(client, run_id, key):
-    return [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
 
 
 def test_params_metrics_tags_and_run_lifecycle(tmp_path, monkeypatch, caplog):
@@ -80,7 +41,7 @@ def test_params_metrics_tags_and_run_lifecycle(tmp_path, monkeypatch, caplog):
     assert history(client, run.info.run_id, "loss") == [(2, 1.5), (4, 1.0)]
     assert history(client, run.info.run_id, "eval_loss") == [(4, 1.25)]
     assert "eval_note" not in run.data.metrics
-    assert len([r for r in caplog.records if "eval_note" in r.getMessage()]) == 1
+    assert len(logged(caplog, "eval_note")) == 1
     assert mlflow.active_run() is None
 
 
@@ -108,9 +69,7 @@ def test_run_name_from_env_flattened_truncated_and_capped_params(tmp_path, monke
 
 def test_nested_run_under_the_active_run(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_NESTED_RUN", "true")
-    uri = (tmp_path / "mlruns").resolve().as_uri()
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = local_store(monkeypatch, tmp_path)
     with mlflow.start_run(run_name="parent") as parent:
         drive(MLflowCallback(), make_args(tmp_path, run_name="child"), LOGS[:1])
         assert mlflow.active_run().info.run_id == parent.info.run_id  # parent untouched
@@ -121,9 +80,7 @@ def test_nested_run_under_the_active_run(tmp_path, monkeypatch):
 
 
 def test_active_run_is_used_and_left_running(tmp_path, monkeypatch):
-    uri = (tmp_path / "mlruns").resolve().as_uri()
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = local_store(monkeypatch, tmp_path)
     with mlflow.start_run() as outer:
         drive(MLflowCallback(), make_args(tmp_path), LOGS[:1])
         assert mlflow.active_run().info.run_id == outer.info.run_id
@@ -165,5 +122,5 @@ def test_unreachable_server_disables_reporter_and_training_continues(tmp_path, m
     reporter = MLflowCallback()
     state = drive(reporter, make_args(tmp_path), LOGS)
     assert reporter.disabled and state.global_step == 4
-    messages = [r.getMessage() for r in caplog.records if "mlflow reporter is disabled" in r.getMessage()]
+    messages = logged(caplog, "mlflow reporter is disabled")
     assert len(messages) == 1 and "on_train_begin" in messages[0]

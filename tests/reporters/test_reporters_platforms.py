@@ -13,7 +13,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from kit.reporters import TinyModel, drive, make_args
+from kit.reporters import TinyModel, drive, logged, make_args
 
 from trainwright.reporters import MissingReporterPackageError, get_reporter_class
 from trainwright.reporters.dagshub import DagsHubCallback, parse_dagshub_uri
@@ -95,7 +95,7 @@ def test_dagshub_unreachable_disables_itself_and_training_continues(monkeypatch,
     )
     state = drive(reporter, make_args(tmp_path), [(1, {"loss": 1.0}), (2, {"loss": 0.5})], model=TinyModel())
     assert reporter.disabled and state.global_step == 2 and mlflow.active_run() is None
-    messages = [r.getMessage() for r in caplog.records if "dagshub reporter is disabled" in r.getMessage()]
+    messages = logged(caplog, "dagshub reporter is disabled")
     assert len(messages) == 1 and "on_train_begin" in messages[0]
 
 

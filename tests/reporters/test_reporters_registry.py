@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from kit.reporters import drive, make_args, make_state
+from kit.reporters import drive, logged, make_args, make_state
 
 from trainwright.reporters import (
     INTEGRATION_TO_CALLBACK,
@@ -119,7 +119,7 @@ def test_all_skips_reporters_without_credentials_with_one_info_line_each(clean_e
         assert (name in names) == (name in installed)
     for name in ("wandb", "comet_ml", "neptune", "clearml", "dagshub", "csv", "azure_ml", "flyte"):
         assert name not in names
-    skipped = [r.getMessage() for r in caplog.records if "leaves out" in r.getMessage()]
+    skipped = logged(caplog, "leaves out")
     for name in ("wandb", "comet_ml", "neptune", "clearml", "dagshub"):
         if name in installed:
             assert len([m for m in skipped if f"leaves out {name}:" in m]) == 1
@@ -212,7 +212,7 @@ def test_failure_inside_super_call_is_reported_once(tmp_path, caplog):
     child = FlakyChild(fail_at=1)
     drive(child, make_args(tmp_path), [(1, {"loss": 1.0}), (2, {"loss": 0.5})])
     assert child.logged == [] and child.disabled
-    assert len([r for r in caplog.records if "flaky" in r.getMessage()]) == 1
+    assert len(logged(caplog, "flaky")) == 1
 
 
 def test_only_the_main_process_reports(tmp_path):

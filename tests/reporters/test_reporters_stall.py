@@ -19,46 +19,19 @@ import time
 
 import pytest
 from conftest import DropoutMLP, VectorDataset
-from kit.reporters import drive, make_args, make_state
+from kit.reporters import drive, logged, make_args, make_state
 
 mlflow = pytest.importorskip("mlflow")
 from kit import TESTS  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
-from mlflow.tracking._tracking_service import utils as tracking_utils  # noqa: E402
+from mlflow_kit import client_for, history, isolated_mlflow, local_store, only_run  # noqa: E402, F401
 
 from trainwright.core.events import TrainerCallback  # noqa: E402
 from trainwright.loop.trainer import Trainer  # noqa: E402
 from trainwright.reporters.base import TIMEOUT_ENV, Reporter, reporter_timeout  # noqa: E402
 from trainwright.reporters.mlflow import MLflowCallback  # noqa: E402
 
-MLFLOW_VARS = (
-    "MLFLOW_TRACKING_URI",
-    "MLFLOW_EXPERIMENT_NAME",
-    "MLFLOW_EXPERIMENT_ID",
-    "MLFLOW_RUN_ID",
-    "MLFLOW_RUN_NAME",
-    "MLFLOW_NESTED_RUN",
-    "MLFLOW_TAGS",
-    "MLFLOW_FLATTEN_PARAMS",
-    "MLFLOW_MAX_LOG_PARAMS",
-    "HF_MLFLOW_LOG_ARTIFACTS",
-    "MLFLOW_ALLOW_FILE_STORE",
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT",
-    TIMEOUT_ENV,
-)
 DEADLINE = 3.0  # TRAINWRIGHT_REPORTER_TIMEOUT in the dead-server tests
-
-
-@pytest.fixture(autouse=True)
-def isolated_mlflow(monkeypatch):
-    for name in MLFLOW_VARS:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(tracking_utils, "_tracking_uri", None)
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    yield
-    while mlflow.active_run() is not None:
-        mlflow.end_run()
 
 
 class _Server:
@@ -209,11 +182,6 @@ class WorkerMLflow(MLflowCallback):
         return "a local file store (the worker path, for this test)"
 
 
-def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
-    # in the order the store returns them (arrival order for a file store), not re-sorted
-    return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
-
-
 @pytest.mark.parametrize("path", ["training_thread", "worker_thread"])
 def test_file_store_records_every_metric_in_order(path, make_args, tmp_path, monkeypatch):
     kwargs = {"report_to": ["mlflow"]} if path == "training_thread" else {"report_to": "none"}
@@ -234,15 +202,14 @@ def test_file_store_records_every_metric_in_order(path, make_args, tmp_path, mon
     assert (reporter._worker is not None) == (path == "worker_thread")
     assert not reporter.disabled
 
-    client = MlflowClient((tmp_path / "out" / "mlruns").resolve().as_uri())
-    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    client = client_for(tmp_path / "out")
+    run = only_run(client)
     assert run.info.status == "FINISHED"
     assert run.data.params["max_steps"] == "12"
-    history = trainer.state.log_history
     for key in ("loss", "eval_loss", "learning_rate"):
-        expected = [(row["step"], pytest.approx(row[key])) for row in history if key in row]
+        expected = [(row["step"], pytest.approx(row[key])) for row in trainer.state.log_history if key in row]
         assert len(expected) >= 3
-        assert _history(client, run.info.run_id, key) == expected
+        assert history(client, run.info.run_id, key, arrival_order=True) == expected
     assert "train_runtime" in run.data.metrics
 
 
@@ -319,7 +286,7 @@ def test_a_stuck_worker_is_switched_off_at_the_next_event_past_the_deadline(tmp_
     start = time.monotonic()
     drive(reporter, args, [(3, {"loss": 0.25})], state=make_state(global_step=2), train_end=True)
     assert time.monotonic() - start < 0.5  # switched off when the event came, nothing waited
-    messages = [r.getMessage() for r in caplog.records if "blocked reporter is disabled" in r.getMessage()]
+    messages = logged(caplog, "blocked reporter is disabled")
     assert (
         len(messages) == 1
         and "did not answer on_log within 0.5 s" in messages[0]
@@ -451,9 +418,7 @@ def test_events_outside_training_are_delivered_before_the_call_returns(tmp_path,
 def test_worker_sees_the_training_threads_active_run(nested, tmp_path, monkeypatch):
     """mlflow keeps the active run per thread: the worker must join (or nest under) the run that is
     active on the training thread, not start an unrelated one."""
-    uri = (tmp_path / "mlruns").resolve().as_uri()
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = local_store(monkeypatch, tmp_path)
     if nested:
         monkeypatch.setenv("MLFLOW_NESTED_RUN", "true")
     reporter = WorkerMLflow()
@@ -468,7 +433,7 @@ def test_worker_sees_the_training_threads_active_run(nested, tmp_path, monkeypat
         inner = runs["inner"]
         assert inner.data.tags["mlflow.parentRunId"] == outer.info.run_id
         assert inner.info.status == "FINISHED"
-        assert _history(client, inner.info.run_id, "loss") == [(2, 1.5), (4, 1.0)]
+        assert history(client, inner.info.run_id, "loss", arrival_order=True) == [(2, 1.5), (4, 1.0)]
     else:
         assert set(runs) == {"outer"}
-        assert _history(client, outer.info.run_id, "loss") == [(2, 1.5), (4, 1.0)]
+        assert history(client, outer.info.run_id, "loss", arrival_order=True) == [(2, 1.5), (4, 1.0)]

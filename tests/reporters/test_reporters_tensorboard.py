@@ -10,7 +10,7 @@ import socket
 import time
 
 import pytest
-from kit.reporters import TinyModel, drive, make_args, make_state
+from kit.reporters import TinyModel, drive, logged, make_args, make_state
 
 pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
@@ -75,7 +75,7 @@ def test_scalars_text_args_and_config_are_written(tmp_path, monkeypatch, caplog)
     assert hparams["learning_rate"].number_value == pytest.approx(3e-4)
     assert hparams["run_name"].string_value == "run-1"
     assert [p.name for p in (tmp_path / "tb").iterdir() if p.is_dir()] == []
-    dropped = [r.getMessage() for r in caplog.records if "eval/confusion" in r.getMessage()]
+    dropped = logged(caplog, "eval/confusion")
     assert len(dropped) == 1  # warned once although logged twice
 
 
@@ -130,15 +130,16 @@ def test_writer_failure_disables_the_reporter(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(reporter.tb_writer, "add_scalar", broken)
     drive(reporter, args, LOGS[1:2])
     assert reporter.disabled
-    assert len([r for r in caplog.records if "tensorboard reporter is disabled" in r.getMessage()]) == 1
+    assert len(logged(caplog, "tensorboard reporter is disabled")) == 1
 
 
 def test_an_evaluate_after_train_writes_into_the_same_run_folder(tmp_path, monkeypatch):
     """A real Trainer, `report_to="tensorboard"`: train() then evaluate() leave one run folder under
     output_dir/runs, holding the training and the final evaluation's scalars (transformers writes one)."""
-    from conftest import RegressionDataset, RegressionModel
+    from conftest import RegressionDataset
+    from kit.runs import regression_trainer
 
-    from trainwright import Trainer, TrainingArguments
+    from trainwright import TrainingArguments
 
     monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
     args = TrainingArguments(
@@ -150,12 +151,7 @@ def test_an_evaluate_after_train_writes_into_the_same_run_folder(tmp_path, monke
         save_strategy="no",
         disable_tqdm=True,
     )
-    trainer = Trainer(
-        model=RegressionModel(),
-        args=args,
-        train_dataset=RegressionDataset(),
-        eval_dataset=RegressionDataset(16),
-    )
+    trainer = regression_trainer(args, RegressionDataset(16))
     trainer.train()
     time.sleep(1.1)  # a run folder's name has the time to the second: a new folder would be another name
     trainer.evaluate()

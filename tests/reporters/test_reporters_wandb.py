@@ -2,78 +2,32 @@
 
 from __future__ import annotations
 
-import glob
-import json
 import logging
-import struct
-import zlib
 
 import pytest
-from kit.reporters import TinyModel, drive, make_args, make_state
+from kit.reporters import (
+    TinyModel,
+    by_kind,
+    drive,
+    finish_and_flush,
+    items,
+    logged,
+    make_args,
+    make_state,
+    merged,
+    offline_run_files,
+    read_records,
+    wandb_offline,
+)
 
 wandb = pytest.importorskip("wandb")
-from wandb.proto import wandb_internal_pb2  # noqa: E402
 
 from trainwright.reporters.wandb import WandbCallback  # noqa: E402
-
-_BLOCK = 32 * 1024  # the .wandb file is a LevelDB-style log: 7-byte file header, 32 KiB blocks
-_FULL, _LAST = 1, 4
-
-
-def read_records(path: str) -> list:
-    """Parse a .wandb file into its protobuf Records (checking each chunk's CRC)."""
-    raw = open(path, "rb").read()
-    ident, _magic, _version = struct.unpack("<4sHB", raw[:7])
-    assert ident == b":W&B"
-    records, pending, pos = [], b"", 7
-    while pos + 7 <= len(raw):
-        left = _BLOCK - pos % _BLOCK
-        if left < 7:
-            pos += left
-            continue
-        crc, length, kind = struct.unpack("<IHB", raw[pos : pos + 7])
-        if kind == 0 and length == 0:
-            pos += left
-            continue
-        data = raw[pos + 7 : pos + 7 + length]
-        assert zlib.crc32(data, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF == crc
-        pos += 7 + length
-        pending += data
-        if kind in (_FULL, _LAST):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            records.append(record)
-            pending = b""
-    return records
-
-
-def by_kind(records, kind):
-    return [getattr(r, kind) for r in records if r.WhichOneof("record_type") == kind]
-
-
-def items(update) -> dict:
-    return {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in update}
-
-
-def finish_and_flush() -> None:
-    """finish() can return before wandb-core has written the run's log; teardown() waits for it."""
-    if wandb.run is not None:
-        wandb.finish()
-    wandb.teardown()
-
-
-def offline_run_files(wandb_dir) -> list[str]:
-    return sorted(glob.glob(str(wandb_dir / "wandb" / "offline-run-*" / "run-*.wandb")))
 
 
 @pytest.fixture
 def offline(monkeypatch, tmp_path):
-    for name in ("WANDB_PROJECT", "WANDB_LOG_MODEL", "WANDB_WATCH", "WANDB_DISABLED", "WANDB_RUN_ID"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_CONSOLE", "off")
+    wandb_offline(monkeypatch, tmp_path)
     yield monkeypatch
     finish_and_flush()  # also resets wandb's process-wide settings (WANDB_DIR...)
 
@@ -98,9 +52,7 @@ def test_offline_run_config_history_and_summary(offline, tmp_path):
     records = read_records(path)
     (run,) = by_kind(records, "run")
     assert run.display_name == "wb-run" and run.project == "tiny-project"
-    config = {}
-    for update in by_kind(records, "config"):
-        config.update(items(update.update))
+    config = merged(records, "config")
     assert config["learning_rate"] == 3e-4 and config["hidden_size"] == 4
     assert config["model/num_parameters"] == 10
     history = [items(h.item) for h in by_kind(records, "history")]
@@ -110,9 +62,7 @@ def test_offline_run_config_history_and_summary(offline, tmp_path):
         {"eval/loss": 1.25, "eval/accuracy": 0.5, "train/global_step": 4},
         {"train/epoch": 0.4, "train/global_step": 4},
     ]
-    summary = {}
-    for s in by_kind(records, "summary"):
-        summary.update(items(s.update))
+    summary = merged(records, "summary")
     assert summary["train_runtime"] == 3.5 and summary["train_loss"] == 1.2 and summary["total_flos"] == 10.0
     metrics = {m.glob_name or m.name: m for m in by_kind(records, "metric")}
     assert metrics["*"].step_metric == "train/global_step"
@@ -164,7 +114,7 @@ def test_disabled_and_bad_settings(offline, tmp_path, caplog):
     reporter = WandbCallback()
     drive(reporter, make_args(tmp_path), LOGS[:1])
     assert reporter.disabled and offline_run_files(tmp_path) == [] and wandb.run is None
-    assert len([r for r in caplog.records if "WANDB_DISABLED" in r.getMessage()]) == 1
+    assert len(logged(caplog, "WANDB_DISABLED")) == 1
     offline.setenv("WANDB_DISABLED", "false")
     offline.setenv("WANDB_LOG_MODEL", "sometimes")
     with pytest.raises(ValueError, match="WANDB_LOG_MODEL='sometimes'"):

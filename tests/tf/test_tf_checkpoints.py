@@ -3,30 +3,19 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import numpy as np
 import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from tfkit import make_data, make_model, weights  # noqa: E402
+from tfkit import make_data, make_model, tf_args, weights  # noqa: E402
 
-from trainwright import TFTrainer, TFTrainingArguments  # noqa: E402
+from trainwright import TFTrainer  # noqa: E402
 from trainwright.checkpoint import CheckpointError  # noqa: E402
 
-
-def _args(tmp_path, **kw):
-    base = dict(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=8,
-        learning_rate=0.05,
-        max_steps=8,
-        logging_steps=2,
-        save_steps=2,
-        disable_tqdm=True,
-        seed=3,
-    )
-    return TFTrainingArguments(**{**base, **kw})
+_args = partial(tf_args, max_steps=8, save_steps=2)
 
 
 def test_best_checkpoint_is_kept_by_rotation_and_loaded_at_the_end(tmp_path):

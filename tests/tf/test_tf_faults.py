@@ -5,11 +5,8 @@ naming the first (one worker and two MultiWorkerMirroredStrategy workers)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -17,7 +14,7 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
-from tfkit import HERE, QUIET_ENV, run_job  # noqa: E402
+from tfkit import load_npz, reaped, run_job, start_job, worker_envs  # noqa: E402
 
 import trainwright.checkpoint as ckpt  # noqa: E402
 
@@ -25,14 +22,7 @@ SLOW = ["--announce", "--step_sleep", "0.3"]
 
 
 def _start(argv, env=None):
-    return subprocess.Popen(
-        [sys.executable, os.path.join(HERE, "tf_job.py"), *argv],
-        env={**os.environ, **QUIET_ENV, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    return start_job(argv, env, start_new_session=True)  # a group of its own, signalled as a scheduler does
 
 
 def _wait_for(proc, prefix: str, timeout: float = 180) -> None:
@@ -49,11 +39,6 @@ def _wait_for(proc, prefix: str, timeout: float = 180) -> None:
     raise AssertionError(f"no {prefix!r}: {seen[-5:]}; {proc.communicate()[1][-3000:]}")
 
 
-def _load(path):
-    data = np.load(path)
-    return [data[k] for k in data.files]
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """12 steps with dropout, no interruption: the weights a preempted and resumed run must end with."""
@@ -67,13 +52,10 @@ def uninterrupted(tmp_path_factory):
 def test_a_preemption_signal_saves_exits_0_and_the_resume_is_bit_exact(uninterrupted, tmp_path, sig):
     out = str(tmp_path / "run")
     proc = _start([out, "--dropout", "0.2", *SLOW])
-    try:
+    with reaped(proc):
         _wait_for(proc, "STEP 4")
         os.killpg(proc.pid, sig)  # the job's whole process group, as a scheduler (or Ctrl-C) does
         stdout, stderr = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 0, stderr[-4000:]
     assert f"Preempted by {sig.name}: checkpoint written, exiting." in stderr
     assert "DONE" not in stdout  # it stopped instead of going on
@@ -86,7 +68,7 @@ def test_a_preemption_signal_saves_exits_0_and_the_resume_is_bit_exact(uninterru
     resumed = run_job(out, "--dropout", "0.2", "--resume", "--weights", str(tmp_path / "w.npz"))
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert "DONE 12" in resumed.stdout
-    for got, want in zip(_load(tmp_path / "w.npz"), _load(uninterrupted)):
+    for got, want in zip(load_npz(tmp_path / "w.npz"), load_npz(uninterrupted)):
         assert np.array_equal(got, want)
 
 
@@ -106,7 +88,7 @@ def test_the_preemption_arguments_are_honoured(tmp_path):
 def test_a_second_run_into_the_same_output_dir_is_refused_naming_the_first(tmp_path):
     out = str(tmp_path / "run")
     first = _start([out, "--max_steps", "500", *SLOW])
-    try:
+    with reaped(first):
         _wait_for(first, "STEP 2")
         second = run_job(out, "--max_steps", "2", "--save_steps", "1")
         assert second.returncode != 0
@@ -117,57 +99,30 @@ def test_a_second_run_into_the_same_output_dir_is_refused_naming_the_first(tmp_p
         first.send_signal(signal.SIGTERM)
         _, stderr = first.communicate(timeout=180)
         assert first.returncode == 0, stderr[-4000:]
-    finally:
-        if first.poll() is None:
-            first.kill()
     assert ckpt.get_last_checkpoint(out) is not None
-
-
-def _free_ports(n):
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def test_two_workers_preempted_stop_at_the_same_step_and_save_once(tmp_path):
     """SIGTERM to both MultiWorkerMirroredStrategy workers (as a scheduler stops a job): they agree
     on one step, the chief writes its checkpoint, both exit 0; a resume on 2 new workers completes."""
     out = str(tmp_path / "run")
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
 
     def workers(*extra):
-        return [
-            _start(
-                [out, "--n", "36", "--bs", "4", *extra],
-                {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})},
-            )
-            for i in range(2)
-        ]
+        return [_start([out, "--n", "36", "--bs", "4", *extra], env) for env in worker_envs()]
 
     procs = workers(*SLOW)
-    try:
+    with reaped(*procs):
         _wait_for(procs[0], "STEP 3")
         os.killpg(procs[0].pid, signal.SIGTERM)
         time.sleep(0.1)  # the other worker gets it a moment later, still inside its step (0.3 s)
         os.killpg(procs[1].pid, signal.SIGTERM)
         results = [p.communicate(timeout=180) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
     for p, (_, stderr) in zip(procs, results):
         assert p.returncode == 0, stderr[-4000:]
         assert "Preempted by SIGTERM" in stderr
     saved = [n for n in os.listdir(out) if n.startswith("checkpoint-")]
     assert len(saved) == 1 and ckpt.verify_checkpoint(os.path.join(out, saved[0])) == []
 
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
     procs = workers("--resume")
     results = [p.communicate(timeout=240) for p in procs]
     for p, (stdout, stderr) in zip(procs, results):

@@ -6,21 +6,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 pytest.importorskip("tensorflow")
 
-from tfkit import HERE, QUIET_ENV, run_job  # noqa: E402
-
-
-def _load(path):
-    data = np.load(path)
-    return [data[k] for k in data.files]
+from tfkit import load_npz, reaped, run_job, start_job, worker_envs  # noqa: E402
 
 
 def _ok(result):
@@ -44,21 +36,11 @@ def reference(tmp_path_factory):
             str(root / "plain-pred.npz"),
         ],
     ]
-    procs = [_start(argv) for argv in runs]  # the two at once: each is mostly TensorFlow's start-up
+    procs = [start_job(argv) for argv in runs]  # the two at once: each is mostly TensorFlow's start-up
     for p in procs:
         stdout, stderr = p.communicate(timeout=240)
         assert p.returncode == 0, stderr[-4000:]
     return root
-
-
-def _start(argv, env=None):
-    return subprocess.Popen(
-        [sys.executable, os.path.join(HERE, "tf_job.py"), *argv],
-        env={**os.environ, **QUIET_ENV, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def test_resume_in_a_new_process_is_bit_exact(reference, tmp_path):
@@ -70,7 +52,7 @@ def test_resume_in_a_new_process_is_bit_exact(reference, tmp_path):
             out, "--dropout", "0.2", "--save_steps", "5", "--resume", "--weights", str(tmp_path / "w.npz")
         )
     )
-    for got, want in zip(_load(tmp_path / "w.npz"), _load(reference / "drop.npz")):
+    for got, want in zip(load_npz(tmp_path / "w.npz"), load_npz(reference / "drop.npz")):
         assert np.array_equal(got, want)
     state = json.load(open(os.path.join(out, "checkpoint-10", "trainer_state.json")))
     assert state["global_step"] == 10 and [r["step"] for r in state["log_history"]] == [3, 6, 9]
@@ -99,7 +81,7 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint(reference, tmp_pat
         )
     )
     assert not any(n.startswith(".") for n in os.listdir(out))  # the next save cleaned it up
-    for got, want in zip(_load(tmp_path / "w.npz"), _load(reference / "drop.npz")):
+    for got, want in zip(load_npz(tmp_path / "w.npz"), load_npz(reference / "drop.npz")):
         assert np.array_equal(got, want)
 
 
@@ -113,29 +95,17 @@ def test_mirrored_strategy_on_two_logical_devices_equals_one(reference, tmp_path
         )
     )  # fmt: skip
     assert "DONE 12" in result.stdout
-    for got, want in zip(_load(tmp_path / "w.npz"), _load(reference / "plain.npz")):
+    for got, want in zip(load_npz(tmp_path / "w.npz"), load_npz(reference / "plain.npz")):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     got, want = np.load(tmp_path / "p.npz"), np.load(reference / "plain-pred.npz")
     np.testing.assert_allclose(got["predictions"], want["predictions"], rtol=1e-5, atol=1e-6)  # order kept
     assert float(got["loss"]) == pytest.approx(float(want["loss"]), rel=1e-6)
 
 
-def _free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def _two_workers(out, tmp_path, *extra):
     """Run tf_job.py as 2 MultiWorkerMirroredStrategy workers on loopback; returns their stdouts."""
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
     procs = []
-    for index in range(2):
-        env = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
+    for index, env in enumerate(worker_envs()):
         argv = [
             out,
             "--n",
@@ -149,13 +119,9 @@ def _two_workers(out, tmp_path, *extra):
         ]
         if index == 0:
             argv += ["--weights", str(tmp_path / "w.npz")]
-        procs.append(_start([*argv, *extra], env))
-    try:
+        procs.append(start_job([*argv, *extra], env))
+    with reaped(*procs):
         results = [p.communicate(timeout=240) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
     for p, (_stdout, stderr) in zip(procs, results):
         assert p.returncode == 0, stderr[-4000:]
     return [stdout for stdout, _ in results]
@@ -164,7 +130,7 @@ def _two_workers(out, tmp_path, *extra):
 def test_multi_worker_mirrored_on_two_processes_equals_one(reference, tmp_path):
     out = str(tmp_path / "run")
     assert all("DONE 12" in stdout for stdout in _two_workers(out, tmp_path))
-    for got, want in zip(_load(tmp_path / "w.npz"), _load(reference / "plain.npz")):
+    for got, want in zip(load_npz(tmp_path / "w.npz"), load_npz(reference / "plain.npz")):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     pred = np.load(tmp_path / "p0.npz")
     np.testing.assert_allclose(
@@ -182,5 +148,5 @@ def test_multi_worker_run_resumes_on_two_new_processes(reference, tmp_path):
     out = str(tmp_path / "run")
     assert all("DONE 6" in stdout for stdout in _two_workers(out, tmp_path, "--stop_at", "6"))
     assert all("DONE 12" in stdout for stdout in _two_workers(out, tmp_path, "--resume"))
-    for got, want in zip(_load(tmp_path / "w.npz"), _load(reference / "plain.npz")):
+    for got, want in zip(load_npz(tmp_path / "w.npz"), load_npz(reference / "plain.npz")):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

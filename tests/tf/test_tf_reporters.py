@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-import glob
 import importlib.util
 import json
-import zipfile
 
 import pytest
 
 pytest.importorskip("tensorflow")
 
+from kit.reporters import (  # noqa: E402
+    by_kind,
+    comet_offline,
+    end_and_read,
+    finish_and_flush,
+    items,
+    merged,
+    offline_run_files,
+    read_records,
+    wandb_offline,
+)
 from tfkit import make_data, make_model  # noqa: E402
 
 from trainwright import TFTrainer, TFTrainingArguments  # noqa: E402
@@ -30,13 +39,7 @@ def _args(tmp_path, **kw):
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed")
 def test_wandb_offline_run_gets_config_and_history(monkeypatch, tmp_path):
-    from test_reporters_wandb import by_kind, finish_and_flush, items, offline_run_files, read_records
-
-    for name in ("WANDB_PROJECT", "WANDB_LOG_MODEL", "WANDB_WATCH", "WANDB_DISABLED", "WANDB_RUN_ID"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("WANDB_CONSOLE", "off")
+    wandb_offline(monkeypatch, tmp_path)
     try:
         trainer = TFTrainer(make_model(), _args(tmp_path, report_to="wandb"), make_data(32))
         trainer.setup_wandb()  # v4's public set-up: the run exists before training
@@ -47,9 +50,7 @@ def test_wandb_offline_run_gets_config_and_history(monkeypatch, tmp_path):
     finally:
         finish_and_flush()
     records = read_records(offline_run_files(tmp_path)[0])
-    config = {}
-    for update in by_kind(records, "config"):
-        config.update(items(update.update))
+    config = merged(records, "config")
     assert config["per_device_train_batch_size"] == 8 and config["poly_power"] == 1.0
     steps = [
         h["train/global_step"]
@@ -65,25 +66,12 @@ def test_wandb_offline_run_gets_config_and_history(monkeypatch, tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("comet_ml") is None, reason="comet_ml is not installed")
 def test_comet_offline_experiment_gets_parameters_and_metrics(monkeypatch, tmp_path):
-    for name in ("COMET_API_KEY", "COMET_START_ONLINE", "COMET_PROJECT_NAME"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("COMET_MODE", "offline")
-    monkeypatch.setenv("COMET_OFFLINE_DIRECTORY", str(tmp_path / "comet"))
+    comet_offline(monkeypatch, tmp_path)
     monkeypatch.setenv("COMET_LOG_ASSETS", "false")
-    for name in ("CO2", "ENV_DETAILS", "GIT_METADATA", "GIT_PATCH", "CODE", "CLI_ARGUMENTS"):
-        monkeypatch.setenv(f"COMET_AUTO_LOG_{name}", "false")
-    monkeypatch.setenv("COMET_DISPLAY_SUMMARY_LEVEL", "0")
-    monkeypatch.setenv("COMET_ERROR_TRACKING_ENABLE", "false")
-    monkeypatch.setenv("COMET_DISABLE_AUTO_LOGGING", "1")
-    import comet_ml
-
     trainer = TFTrainer(make_model(), _args(tmp_path), make_data(32))
     trainer.setup_comet()  # v4's public set-up, without report_to
     trainer.train()
-    comet_ml.get_running_experiment().end()
-    (archive,) = glob.glob(str(tmp_path / "comet" / "*.zip"))
-    with zipfile.ZipFile(archive) as z:
-        messages = [json.loads(line) for line in z.read("messages.json").decode().splitlines()]
+    messages = end_and_read(tmp_path)
     params = {}
     for m in messages:
         if m["type"] == "parameter_msg":

@@ -7,28 +7,18 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 
 import numpy as np
 import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from tfkit import make_data, make_model, weights  # noqa: E402
+from tfkit import make_data, make_model, tf_args, weights  # noqa: E402
 
-from trainwright import TFTrainer, TFTrainingArguments  # noqa: E402
+from trainwright import TFTrainer  # noqa: E402
 
-
-def _args(tmp_path, **kw):
-    base = dict(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=8,
-        learning_rate=0.05,
-        max_steps=6,
-        logging_steps=2,
-        disable_tqdm=True,
-        seed=3,
-    )
-    return TFTrainingArguments(**{**base, **kw})
+_args = partial(tf_args, max_steps=6)
 
 
 def _accuracy(pred):
