@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
+from kit import TESTS
 from test_model_card import TokenDataset, tiny_gpt2
 
 from trainwright import Trainer, TrainerCallback, TrainingArguments
@@ -284,7 +285,7 @@ def test_no_network_user_script_gets_a_clear_error(tmp_path):
     script = textwrap.dedent(
         f"""
         import sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(TESTS)!r}]
         from test_model_card import tiny_gpt2
         from trainwright import Trainer, TrainingArguments
         args = TrainingArguments(output_dir={str(tmp_path / "out")!r}, push_to_hub=True,
