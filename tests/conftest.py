@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from kit.models import DropoutMLP  # noqa: F401  (imported by tests as conftest.DropoutMLP)
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -54,21 +55,6 @@ class RegressionModel(nn.Module):
             return (y, y) if self.double_output else (y,)
         loss = nn.functional.mse_loss(y, labels)
         return (loss, y, y) if self.double_output else (loss, y)
-
-
-class DropoutMLP(nn.Module):
-    """Small MLP with dropout (exercises RNG restore), returns a dict."""
-
-    def __init__(self, d_in: int = 8, hidden: int = 16, p: float = 0.1):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Dropout(p), nn.Linear(hidden, 1))
-
-    def forward(self, x, labels=None):
-        out = self.net(x).squeeze(-1)
-        result = {"logits": out}
-        if labels is not None:
-            result["loss"] = nn.functional.mse_loss(out, labels)
-        return result
 
 
 class VectorDataset(Dataset):

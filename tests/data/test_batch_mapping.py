@@ -8,6 +8,7 @@ from collections import UserDict
 import pytest
 import torch
 from kit import hf
+from kit.runs import one_step
 from torch.utils.data import Dataset
 
 from trainwright import Trainer
@@ -70,22 +71,7 @@ def bart():
 
 
 def run(model_fn, make_args, data, bs, ga, collator=batch_encoding_collator, **kw):
-    model = model_fn()
-    args = make_args(
-        per_device_train_batch_size=bs,
-        gradient_accumulation_steps=ga,
-        max_steps=1,
-        optim="sgd",
-        learning_rate=1.0,
-        max_grad_norm=0,
-        train_sampling_strategy="sequential",
-        logging_steps=1,
-        **kw,
-    )
-    trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=collator)
-    trainer.train()
-    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    return trainer, weights
+    return one_step(model_fn, make_args, data, bs, ga, collator=collator, logging_steps=1, **kw)
 
 
 def assert_same(a, b):

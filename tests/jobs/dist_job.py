@@ -30,6 +30,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the shared kit
+from kit.models import DropoutMLP  # noqa: E402
+
 from trainwright.app.tinygpt import TinyGPT, TinyGPTConfig
 from trainwright.args.training_args import TrainingArguments
 from trainwright.core.events import TrainerCallback
@@ -71,19 +73,6 @@ class TokenData(Dataset):
         return {"input_ids": self.rows[i], "labels": self.rows[i]}
 
 
-class MLP(nn.Module):
-    def __init__(self, dropout: float = 0.0):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(dropout), nn.Linear(16, 1))
-
-    def forward(self, x, labels=None):
-        out = self.net(x).squeeze(-1)
-        result = {"logits": out}
-        if labels is not None:
-            result["loss"] = nn.functional.mse_loss(out, labels)
-        return result
-
-
 def build_model(kind: str, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     # transformers models from configs (nothing is downloaded), imported only by the tasks that train one
@@ -100,7 +89,7 @@ def build_model(kind: str, seed: int = 0) -> nn.Module:
         return TinyGPT(
             TinyGPTConfig(vocab_size=VOCAB, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
         )
-    return MLP(dropout=0.2 if kind == "mlp_dropout" else 0.0)
+    return DropoutMLP(p=0.2 if kind == "mlp_dropout" else 0.0)
 
 
 def build_data(kind: str, n: int, seed: int = 0, item_sleep: float = 0.0) -> Dataset:

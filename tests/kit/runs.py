@@ -1,5 +1,5 @@
-"""Small Trainer runs the checkpoint and loop tests share: a RegressionModel run (optionally with
-scripted metrics choosing the best checkpoint), and tests/jobs/resume_job.py run in its own process."""
+"""Small Trainer runs tests of several folders share: a RegressionModel run (optionally with scripted
+metrics choosing the best checkpoint), one SGD step, and tests/jobs/resume_job.py in its own process."""
 
 from __future__ import annotations
 
@@ -24,6 +24,27 @@ def regression_trainer(args: Any, eval_dataset: Any = None, **kw: Any) -> Traine
     return Trainer(
         model=RegressionModel(), args=args, train_dataset=RegressionDataset(), eval_dataset=eval_dataset, **kw
     )
+
+
+def one_step(
+    model_fn, make_args, data, bs: int, ga: int, trainer_cls: type = Trainer, collator: Any = None, **kw: Any
+) -> tuple[Trainer, dict]:
+    """One optimizer step (SGD, learning rate 1, no clipping, samples in order) of `bs` x `ga` samples:
+    the trainer and the weights after it, the measure of an accumulated step against a full batch."""
+    model = model_fn()
+    args = make_args(
+        per_device_train_batch_size=bs,
+        gradient_accumulation_steps=ga,
+        max_steps=1,
+        optim="sgd",
+        learning_rate=1.0,
+        max_grad_norm=0,
+        train_sampling_strategy="sequential",
+        **kw,
+    )
+    trainer = trainer_cls(model=model, args=args, train_dataset=data, data_collator=collator)
+    trainer.train()
+    return trainer, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def scored_best_model_run(make_args, scores: Iterable[float], eval_length: int, **kw: Any) -> Trainer:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 from conftest import DropoutMLP, PaddedLM, RegressionDataset, RegressionModel, VectorDataset, tiny_gpt2
-from kit.runs import regression_trainer
+from kit.runs import one_step, regression_trainer
 from torch import nn
 from torch.utils.data import IterableDataset
 
@@ -196,20 +196,9 @@ class MeanTokenLM(nn.Module):
 
 
 def _one_step(model_fn, make_args, dataset, bs, ga, trainer_cls=Trainer, **kw):
+    """The weights after one step of a model built after torch.manual_seed(0)."""
     torch.manual_seed(0)
-    model = model_fn()
-    args = make_args(
-        per_device_train_batch_size=bs,
-        gradient_accumulation_steps=ga,
-        max_steps=1,
-        optim="sgd",
-        learning_rate=1.0,
-        max_grad_norm=0,
-        train_sampling_strategy="sequential",
-        **kw,
-    )
-    trainer_cls(model=model, args=args, train_dataset=dataset).train()
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return one_step(model_fn, make_args, dataset, bs, ga, trainer_cls, **kw)[1]
 
 
 def _assert_same(a, b):
