@@ -11,10 +11,18 @@ loop's own cost: every variant timestamps each step end the same way), "total" i
     .venv/bin/python bench/overhead.py [--repeats 3] [--mlp-steps 3000] [--gpt-steps 40] [--threads 1]
                                        [--clock thread] [--malloc fixed|default] [--skip mlp|gpt]
     .venv/bin/python bench/overhead.py --count-calls
+    .venv/bin/python bench/overhead.py --count-instructions      # needs valgrind; ~5 minutes
 
 `--count-calls` prints, instead of rates, the Python function calls one optimizer step of the tiny MLP
 makes in each loop (cProfile's count over 2000 steps): a measure of the loop's own work that does
 not move with the machine's load, to compare two trees (`PYTHONPATH=<old>/src` runs an old one).
+
+`--count-instructions` prints the machine instructions one optimizer step of the tiny MLP executes in
+each loop (user space, counted by valgrind's callgrind: the difference between a run of
+INSTRUCTION_BASE + INSTRUCTION_STEPS steps and one of INSTRUCTION_BASE, so imports and set-up cancel
+out). It does not move with the load either (within about 1% between runs), and unlike the Python
+call count it weighs each call by its work. Kernel time (page faults) is not in it: the rates'
+page-fault column shows that.
 
 `--clock thread` times with this thread's CPU time instead of the wall clock: other processes on a
 shared machine then do not count against whichever variant they happened to overlap (run it with
@@ -248,6 +256,55 @@ def count_calls(steps: int = 2000) -> None:
     )
 
 
+INSTRUCTION_STEPS = 200
+INSTRUCTION_BASE = WARMUP + 10  # the shorter run: long enough that the loops' rates can be computed
+
+
+def run_steps(variant: str, steps: int) -> None:
+    """Train the tiny MLP `steps` (> WARMUP + 1) steps in one loop, on one thread (the unit
+    --count-instructions counts)."""
+    torch.set_num_threads(1)
+    {"raw": raw_loop, "trainwright": trainwright_loop}[variant](MLP(), VecData(), steps, 8)
+
+
+def count_instructions() -> None:
+    """Instructions per optimizer step of the tiny MLP, raw loop and trainwright (see the docstring)."""
+    import re
+    import shutil
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--count-instructions needs valgrind on PATH (apt install valgrind)")
+
+    def total(variant: str, steps: int) -> int:
+        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable]
+        done = subprocess.run(
+            [*cmd, __file__, "--run-steps", variant, str(steps)], capture_output=True, text=True, check=False
+        )
+        found = re.search(r"Collected : (\d+)", done.stderr)
+        if done.returncode != 0 or not found:
+            raise SystemExit(f"valgrind run of {variant} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        return int(found.group(1))
+
+    runs = [
+        (v, n)
+        for v in ("raw", "trainwright")
+        for n in (INSTRUCTION_BASE, INSTRUCTION_BASE + INSTRUCTION_STEPS)
+    ]
+    with ThreadPoolExecutor(max(1, min(4, (os.cpu_count() or 1)))) as pool:
+        totals = dict(zip(runs, pool.map(lambda run: total(*run), runs)))
+    per_step = {
+        v: (totals[(v, INSTRUCTION_BASE + INSTRUCTION_STEPS)] - totals[(v, INSTRUCTION_BASE)])
+        / INSTRUCTION_STEPS
+        for v in ("raw", "trainwright")
+    }
+    print(
+        f"instructions per step, tiny MLP ({INSTRUCTION_STEPS} steps, callgrind): raw {per_step['raw']:,.0f}, "
+        f"trainwright {per_step['trainwright']:,.0f}, ratio {per_step['trainwright'] / per_step['raw']:.3f}"
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
@@ -259,10 +316,20 @@ def main() -> int:
     )
     p.add_argument("--skip", choices=("mlp", "gpt"), action="append", default=[], help="leave a workload out")
     p.add_argument("--count-calls", action="store_true", help="Python calls per step instead of rates")
+    p.add_argument(
+        "--count-instructions", action="store_true", help="instructions per step (valgrind) instead of rates"
+    )
+    p.add_argument("--run-steps", nargs=2, metavar=("VARIANT", "STEPS"), help=argparse.SUPPRESS)
     add_malloc_argument(p)
     ns = p.parse_args()
+    if ns.run_steps:
+        run_steps(ns.run_steps[0], int(ns.run_steps[1]))
+        return 0
     if ns.count_calls:
         count_calls()
+        return 0
+    if ns.count_instructions:
+        count_instructions()
         return 0
     for name in ("mlp_steps", "gpt_steps"):
         if getattr(ns, name) <= WARMUP + 1:  # the steady rate is timed after the warm-up steps

@@ -65,3 +65,12 @@ def test_the_bench_script_runs_and_prints_its_summary(name, tmp_path):
 def test_a_run_too_short_to_measure_is_refused_naming_the_flag(argv, message):
     done = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("variant", ["raw", "trainwright"])
+def test_the_unit_count_instructions_runs_under_valgrind_trains(variant):
+    """`bench/overhead.py --count-instructions` runs `--run-steps VARIANT N` under valgrind (minutes a
+    run, so not here): the unit itself trains and exits 0."""
+    argv = ["bench/overhead.py", "--run-steps", variant, "30"]
+    done = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
