@@ -32,6 +32,7 @@ SCRIPTS = {
         "async blocked / sync save",
     ),
     "mfu": (["bench/mfu.py", "--tiny", "--steps", "20"], "trainwright / raw"),
+    "overhead_bytecodes": (["bench/overhead.py", "--count-bytecodes"], "Python bytecodes per step, tiny MLP"),
     "trl_sft": (
         ["bench/trl_sft.py", "--repeats", "1", "--steps", "12", "--warmup", "2"],
         "TRL SFT steps/s, trainwright / transformers",
