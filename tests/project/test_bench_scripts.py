@@ -69,7 +69,7 @@ def test_a_run_too_short_to_measure_is_refused_naming_the_flag(argv, message):
 
 
 @pytest.mark.parametrize("variant", ["raw", "trainwright"])
-def test_the_unit_count_instructions_runs_under_valgrind_trains(variant):
+def test_the_unit_count_instructions_times_trains_and_exits_0(variant):
     """`bench/overhead.py --count-instructions` runs `--run-steps VARIANT N` under valgrind (minutes a
     run, so not here): the unit itself trains and exits 0."""
     argv = ["bench/overhead.py", "--run-steps", variant, "30"]
