@@ -6,9 +6,9 @@ import logging
 import sys
 import threading
 
-import numpy as np
 import pytest
 import torch
+from observe_kit import touched_buffer
 
 from trainwright.observe import memory
 from trainwright.observe.memory import TrainerMemoryTracker
@@ -20,12 +20,6 @@ needs_clear_refs = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not memory._reset_peak_rss(),
     reason="needs a writable /proc/self/clear_refs (Linux)",
 )
-
-
-def _touched_buffer(nbytes: int) -> np.ndarray:
-    buf = np.empty(nbytes, dtype=np.uint8)
-    buf.fill(1)  # every page becomes resident
-    return buf
 
 
 def _cpu_keys(metrics: dict, stage: str) -> tuple[int, int]:
@@ -41,7 +35,7 @@ def test_freed_temporary_buffer_shows_as_exact_peak(caplog):
     assert "VmHWM" in caplog.text
     tracker.start("train")
     assert tracker._sampler is None  # no thread on this path
-    buf = _touched_buffer(SIZE)
+    buf = touched_buffer(SIZE)
     del buf
     metrics: dict = {}
     tracker.stop_and_update_metrics("train", metrics)
@@ -55,7 +49,7 @@ def test_freed_temporary_buffer_shows_as_exact_peak(caplog):
 def test_buffer_kept_alive_shows_as_alloc_delta():
     tracker = TrainerMemoryTracker(skip_memory_metrics=False)
     tracker.start("eval")
-    kept = _touched_buffer(SIZE)
+    kept = touched_buffer(SIZE)
     metrics: dict = {}
     tracker.stop_and_update_metrics("eval", metrics)
     alloc, peaked = _cpu_keys(metrics, "eval")
@@ -68,7 +62,7 @@ def test_buffer_kept_alive_shows_as_alloc_delta():
 def test_peak_is_reset_at_each_stage_start():
     tracker = TrainerMemoryTracker(skip_memory_metrics=False)
     tracker.start("train")
-    del_me = _touched_buffer(SIZE)
+    del_me = touched_buffer(SIZE)
     del del_me
     tracker.stop("train")
     tracker.start("eval")  # the earlier 200 MB peak must not leak into this stage
@@ -80,9 +74,9 @@ def test_peak_is_reset_at_each_stage_start():
 def test_nested_stage_is_ignored_and_does_not_corrupt_the_outer_one():
     tracker = TrainerMemoryTracker(skip_memory_metrics=False)
     tracker.start("train")
-    kept = _touched_buffer(SIZE // 4)
+    kept = touched_buffer(SIZE // 4)
     tracker.start("eval")  # evaluation inside training
-    inner = _touched_buffer(SIZE // 2)
+    inner = touched_buffer(SIZE // 2)
     nested: dict = {}
     tracker.stop_and_update_metrics("eval", nested)
     assert nested == {}
@@ -151,7 +145,7 @@ def test_sampling_fallback_catches_a_buffer_held_for_a_while(monkeypatch, tmp_pa
     tracker.start("train")
     sampler = tracker._sampler
     assert sampler is not None and sampler.is_alive()
-    buf = _touched_buffer(SIZE)
+    buf = touched_buffer(SIZE)
     assert sampler.wait_for_samples(2, timeout=30)  # held while the sampler looks twice
     del buf
     metrics: dict = {}

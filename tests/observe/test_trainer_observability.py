@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from conftest import DropoutMLP, RegressionDataset, RegressionModel, VectorDataset
+from observe_kit import touched_buffer
 
 from trainwright import SpeedMonitor, Trainer, TrainerCallback
 
@@ -16,7 +16,7 @@ class BigTemporary(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kw):
         if state.global_step == 2:
-            buf = np.ones(300 * MB, dtype=np.uint8)
+            buf = touched_buffer(300 * MB)
             del buf
 
 

@@ -12,8 +12,9 @@ reading it (``VmHWM`` in ``/proc/self/status``). Where that reset is unavailable
 without ``CONFIG_PROC_PAGE_MONITOR``, sandboxes that forbid it) a thread samples the RSS every
 millisecond instead, which can miss short peaks. ``cpu_peak_method`` says which is in use.
 
-Limits: figures are for this process only (DataLoader worker processes are not included) and
-RSS counts shared pages once touched; GPU figures are the PyTorch caching allocator's counters of
+Limits: figures are for this process only (DataLoader worker processes are not included), RSS
+counts shared pages once touched, and memory the C allocator hands out again from pages it kept
+resident (freed chunks inside the heap, common after a long session) does not move the RSS; GPU figures are the PyTorch caching allocator's counters of
 the tracked device (not the CUDA context or other libraries' memory). Both the RSS high-water mark
 and ``torch.cuda`` peak counter are process-global: another tool that resets them during a stage
 corrupts the numbers, and this tracker resets them at each stage start (so a whole-run peak read
