@@ -1,7 +1,8 @@
 """Loop overhead: trainwright's steps/s against a hand-written PyTorch loop doing the same work.
 
 Both run the same model, data, optimizer (AdamW as trainwright's default picks it), clipping,
-linear schedule and seed, in this process, alternating runs; the best of each is compared.
+linear schedule and seed, in this process, alternating runs (every other repeat in reverse order);
+the best of each is compared.
 transformers.Trainer runs the same workloads too when installed (with accelerate).
 
 Two rates per variant: "steady" is steps/s between the end of step WARMUP and the last step (the
@@ -225,10 +226,12 @@ def bench(name, model_fn, data, steps, batch_size, repeats, peers):
     if "transformers" in peers:
         runners["transformers.Trainer"] = transformers_loop
     results: dict[str, list[tuple[float, float, float]]] = {k: [] for k in runners}
-    for _ in range(repeats):
-        for key, fn in runners.items():
+    order = list(runners)
+    for repeat in range(repeats):
+        # every other repeat in reverse: no variant always runs first (or right after another)
+        for key in order if repeat % 2 == 0 else order[::-1]:
             torch.manual_seed(0)
-            results[key].append(fn(model_fn(), data, steps, batch_size))
+            results[key].append(runners[key](model_fn(), data, steps, batch_size))
     steady = {k: max(r[0] for r in v) for k, v in results.items()}
     total = {k: max(r[1] for r in v) for k, v in results.items()}
     faults = {k: "/".join(f"{r[2]:.0f}" for r in v) for k, v in results.items()}

@@ -15,8 +15,8 @@ def strategy_is(strategy: Any, name: str) -> bool:
     return getattr(strategy, "value", strategy) == name
 
 
-def _every(step: int, interval: int) -> bool:
-    return interval > 0 and step % interval == 0
+def _every(step: int, interval: int | None) -> bool:
+    return interval is not None and interval > 0 and step % interval == 0
 
 
 class DefaultFlowCallback(TrainerCallback):
@@ -37,26 +37,29 @@ class DefaultFlowCallback(TrainerCallback):
         self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> TrainerControl:
         step = state.global_step
-        step_logging = strategy_is(args.logging_strategy, "steps")
-        step_eval = strategy_is(args.eval_strategy, "steps")
-        eval_started = (args.eval_delay or 0) <= step
-
+        # the interval test first: on most steps no strategy needs reading (every step pays this)
         if step == 1 and args.logging_first_step:
             control.should_log = True
-        if step_logging and _every(step, state.logging_steps):
+        if _every(step, state.logging_steps) and strategy_is(args.logging_strategy, "steps"):
             control.should_log = True
-        if step_eval and _every(step, state.eval_steps) and eval_started:
+        eval_step = _every(step, state.eval_steps)
+        if eval_step and self._evaluates_at(args, step):
             control.should_evaluate = True
-        if strategy_is(args.save_strategy, "steps") and _every(step, state.save_steps):
+        if _every(step, state.save_steps) and strategy_is(args.save_strategy, "steps"):
             control.should_save = True
 
         if step >= state.max_steps:
             control.should_training_stop = True
-            if step_eval and not _every(step, state.eval_steps) and eval_started:
+            if not eval_step and self._evaluates_at(args, step):
                 control.should_evaluate = True
             if strategy_is(args.save_strategy, "steps"):
                 control.should_save = True
         return control
+
+    @staticmethod
+    def _evaluates_at(args: Any, step: int) -> bool:
+        """Whether the steps strategy evaluates at `step` once its interval says so (after `eval_delay`)."""
+        return strategy_is(args.eval_strategy, "steps") and (args.eval_delay or 0) <= step
 
     def on_epoch_end(
         self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
