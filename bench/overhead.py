@@ -10,7 +10,7 @@ loop's own cost: every variant timestamps each step end the same way), "total" i
 (building dataloaders and the optimizer, the first steps, end-of-training work).
 
     .venv/bin/python bench/overhead.py [--repeats 3] [--mlp-steps 3000] [--gpt-steps 40] [--threads 1]
-                                       [--clock thread] [--malloc fixed|default] [--skip mlp|gpt]
+                                       [--clock thread] [--malloc fixed|default] [--skip mlp|gpt|peers]
     .venv/bin/python bench/overhead.py --count-calls
     .venv/bin/python bench/overhead.py --count-instructions      # needs valgrind; ~5 minutes
     .venv/bin/python bench/overhead.py --count-bytecodes         # seconds
@@ -365,7 +365,13 @@ def main() -> int:
     p.add_argument(
         "--clock", choices=("wall", "thread"), default="wall", help="wall clock or thread CPU time"
     )
-    p.add_argument("--skip", choices=("mlp", "gpt"), action="append", default=[], help="leave a workload out")
+    p.add_argument(
+        "--skip",
+        choices=("mlp", "gpt", "peers"),
+        action="append",
+        default=[],
+        help="leave a workload (or the peer libraries) out",
+    )
     p.add_argument("--count-calls", action="store_true", help="Python calls per step instead of rates")
     p.add_argument(
         "--count-instructions", action="store_true", help="instructions per step (valgrind) instead of rates"
@@ -404,10 +410,12 @@ def main() -> int:
         peers.append("transformers")
     except ImportError:
         pass
+    if "peers" in ns.skip:
+        peers = []
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
         f"torch {torch.__version__}, threads {torch.get_num_threads()}, clock {ns.clock}, {malloc}, "
-        f"load {load}, peers: {peers or 'none installed'}"
+        f"load {load}, peers: {peers or 'none'}"
     )
     results = []
     if "mlp" not in ns.skip:

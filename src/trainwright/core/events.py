@@ -197,6 +197,13 @@ class CallbackHandler(TrainerCallback):
 
     # -- dispatch ---------------------------------------------------------------------------
     def call_event(self, event: str, args, state: TrainerState, control: TrainerControl, **kwargs):
+        return self.dispatch(event, args, state, control, kwargs)
+
+    def dispatch(
+        self, event: str, args, state: TrainerState, control: TrainerControl, extra: dict | None = None
+    ):
+        """`call_event` with the extra keyword arguments as a dict: a call CPython can specialize
+        (a `**kwargs` signature is not), which the Trainer's per-step events use."""
         resets = _RESETS.get(event)
         if resets is not None:
             for flag in resets:
@@ -207,8 +214,8 @@ class CallbackHandler(TrainerCallback):
         kw = self._event_kwargs
         if kw is None:  # a dict per event call (not per callback) costs ~1 us on every step
             kw = self._event_kwargs = {name: getattr(self, name) for name in _EVENT_KWARGS}
-        if kwargs:
-            kw = {**kw, **kwargs}
+        if extra:
+            kw = {**kw, **extra}
         for cb in listeners:
             result = getattr(cb, event)(args, state, control, **kw)
             if result is not None:

@@ -72,7 +72,7 @@ class PredictionTrainer(Protocol):
     def compute_loss(self, *args: Any, **kwargs: Any) -> Any: ...
     def compute_loss_context_manager(self) -> Any: ...
     def _prepare_inputs(self, inputs: Any) -> Any: ...
-    def _fire(self, event: str, state: Any = None, **kwargs: Any) -> None: ...
+    def _fire(self, event: str, state: Any = None, extra: dict | None = None) -> None: ...
     def _metric_key(self) -> str: ...
 
 
@@ -114,7 +114,7 @@ def evaluate(
         no_samples(trainer, dataloader, "eval_dataset", metric_key_prefix)
     add_speed_metrics(trainer, output, metric_key_prefix, start)
     trainer.log(output.metrics)
-    trainer._fire("on_evaluate", metrics=output.metrics)
+    trainer._fire("on_evaluate", extra={"metrics": output.metrics})
     trainer._memory_tracker.stop_and_update_metrics("eval", output.metrics)
     return output.metrics
 
@@ -160,7 +160,7 @@ def predict(
     if output.num_samples == 0:
         no_samples(trainer, dataloader, "test_dataset", metric_key_prefix)
     add_speed_metrics(trainer, output, metric_key_prefix, start)
-    trainer._fire("on_predict", metrics=output.metrics)
+    trainer._fire("on_predict", extra={"metrics": output.metrics})
     trainer._memory_tracker.stop_and_update_metrics("test", output.metrics)
     return PredictionOutput(
         predictions=output.predictions, label_ids=output.label_ids, metrics=output.metrics

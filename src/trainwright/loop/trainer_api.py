@@ -311,12 +311,13 @@ class TrainerAPI(TrainerSetup):
             return model
         return self._run.engine.wrap(model)
 
-    def _fire(self, event: str, state: TrainerState | None = None, **kwargs: Any) -> None:
-        """Send `event` to the callbacks that listen to it; `control` is what they return."""
+    def _fire(self, event: str, state: TrainerState | None = None, extra: dict | None = None) -> None:
+        """Send `event` (with `extra` keyword arguments) to the callbacks that listen to it;
+        `control` is what they return."""
         handler = self.callback_handler
         if event in handler.quiet:  # nobody listens, nothing to reset: no call (every step's events)
             return
-        self.control = handler.call_event(event, self.args, state or self.state, self.control, **kwargs)
+        self.control = handler.dispatch(event, self.args, state or self.state, self.control, extra)
 
     def _log_training_window(
         self, grad_norm: Any = None, learning_rate: float | None = None, start_time: float | None = None
@@ -373,9 +374,9 @@ class TrainerAPI(TrainerSetup):
             ):  # v5: this call's tokens over its time so far
                 tokens = self.state.num_input_tokens_seen - self._run.input_tokens_at_start
                 logs.update(speed_metrics("train", start_time, num_tokens=tokens))
-        self._fire("on_pre_log", logs=logs)
+        self._fire("on_pre_log", extra={"logs": logs})
         self.state.log_history.append({**logs, "step": self.state.global_step})
-        self._fire("on_log", logs=logs)
+        self._fire("on_log", extra={"logs": logs})
 
     def _evaluate(
         self, trial: Any, ignore_keys_for_eval: Any, skip_scheduler: bool = False
