@@ -1,8 +1,9 @@
 """Loop overhead: trainwright's steps/s against a hand-written PyTorch loop doing the same work.
 
 Both run the same model, data, optimizer (AdamW as trainwright's default picks it), clipping,
-linear schedule and seed, in this process, alternating runs (every other repeat in reverse order);
-the best of each is compared.
+linear schedule and seed, in this process, alternating runs (every other repeat in reverse order,
+each after a full garbage collection: a finished Trainer is cyclic garbage, and where the collector
+happens to free it is another run's cost); the best of each is compared.
 transformers.Trainer runs the same workloads too when installed (with accelerate).
 
 Two rates per variant: "steady" is steps/s between the end of step WARMUP and the last step (the
@@ -51,6 +52,7 @@ Goals: >= 0.97x the raw loop on the tiny MLP, >= 0.99x on the GPT-2 workload.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import resource
@@ -230,6 +232,8 @@ def bench(name, model_fn, data, steps, batch_size, repeats, peers):
     for repeat in range(repeats):
         # every other repeat in reverse: no variant always runs first (or right after another)
         for key in order if repeat % 2 == 0 else order[::-1]:
+            # a finished Trainer is cyclic garbage: collected here, not by chance inside the next run
+            gc.collect()
             torch.manual_seed(0)
             results[key].append(runners[key](model_fn(), data, steps, batch_size))
     steady = {k: max(r[0] for r in v) for k, v in results.items()}
