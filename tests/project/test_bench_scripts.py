@@ -55,6 +55,21 @@ def test_the_bench_script_runs_and_prints_its_summary(name, tmp_path):
     assert summary in done.stdout, done.stdout[-3000:]
 
 
+def test_overhead_rates_alternate_the_order_and_leave_peers_out_when_asked():
+    argv = ["bench/overhead.py", "--skip", "gpt", "--skip", "peers", "--repeats", "2", "--mlp-steps", "30"]
+    done = subprocess.run(
+        [sys.executable, *argv],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "SUMMARY trainwright/raw: tiny MLP" in done.stdout and "peers: none" in done.stdout
+    assert "transformers.Trainer" not in done.stdout
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
