@@ -12,6 +12,7 @@ loop's own cost: every variant timestamps each step end the same way), "total" i
 
     .venv/bin/python bench/overhead.py [--repeats 3] [--mlp-steps 3000] [--gpt-steps 40] [--threads 1]
                                        [--clock thread] [--malloc fixed|default] [--skip mlp|gpt|peers]
+                                       [--fresh]
     .venv/bin/python bench/overhead.py --count-calls
     .venv/bin/python bench/overhead.py --count-instructions      # needs valgrind; ~5 minutes
     .venv/bin/python bench/overhead.py --count-bytecodes         # seconds
@@ -33,6 +34,11 @@ functions' share: where a step's Python time goes, at equal instructions. The in
 equal today; the time is not (~4%): callgrind's cache simulation puts the difference in L1 misses and
 branch mispredicts of CPython's eval loop, which grow with the bytecodes a step spreads over many
 small functions.
+
+`--fresh` takes each measurement in a new Python process (a warm-up run of the same variant there,
+then the timed one), as a user's script runs: no variant inherits another's heap, garbage or
+interpreter caches. The in-process default moves by about +-1.5% between invocations; this one
+less. Slower to run (imports each time).
 
 `--clock thread` times with this thread's CPU time instead of the wall clock: other processes on a
 shared machine then do not count against whichever variant they happened to overlap (run it with
@@ -56,6 +62,7 @@ import gc
 import logging
 import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -223,24 +230,58 @@ def transformers_loop(model, data, steps, batch_size):
     return hf_api_loop(transformers, model, data, steps, batch_size)
 
 
-def bench(name, model_fn, data, steps, batch_size, repeats, peers):
-    runners = {"raw": raw_loop, "trainwright": trainwright_loop}
-    if "transformers" in peers:
-        runners["transformers.Trainer"] = transformers_loop
-    results: dict[str, list[tuple[float, float, float]]] = {k: [] for k in runners}
-    order = list(runners)
+RUNNERS = {"raw": raw_loop, "trainwright": trainwright_loop, "transformers.Trainer": transformers_loop}
+
+
+def workload(name):
+    """(model factory, dataset) of a workload: "mlp" or "gpt"."""
+    if name == "mlp":
+        return MLP, VecData()
+    return (lambda: gpt_model()[0]), TokenData()
+
+
+def rate_of(name, variant, steps, batch_size=8):
+    """One variant's rates in this process, after a warm-up run of its own (the unit `--fresh` times)."""
+    model_fn, data = workload(name)
+    RUNNERS[variant](model_fn(), data, WARMUP + 10, batch_size)  # imports and first calls
+    gc.collect()
+    torch.manual_seed(0)
+    return RUNNERS[variant](model_fn(), data, steps, batch_size)
+
+
+def rate_in_fresh_process(name, variant, steps, passed):
+    """`rate_of` in a new Python process (given this run's --threads / --clock), as a user's script runs."""
+    cmd = [sys.executable, __file__, *passed, "--rate-of", name, variant, str(steps)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RATE ")), None)
+    if done.returncode or line is None:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    steady, total, faults = (float(x) for x in line.split()[1:])
+    return steady, total, faults
+
+
+def bench(title, name, steps, batch_size, repeats, peers, fresh=None):
+    """Alternating runs of each variant on workload `name`; in fresh processes when `fresh` (the
+    arguments to pass them) is given."""
+    keys = ["raw", "trainwright"] + (["transformers.Trainer"] if "transformers" in peers else [])
+    model_fn, data = workload(name)
+    results: dict[str, list[tuple[float, float, float]]] = {k: [] for k in keys}
     for repeat in range(repeats):
         # every other repeat in reverse: no variant always runs first (or right after another)
-        for key in order if repeat % 2 == 0 else order[::-1]:
+        for key in keys if repeat % 2 == 0 else keys[::-1]:
+            if fresh is not None:
+                results[key].append(rate_in_fresh_process(name, key, steps, fresh))
+                continue
             # a finished Trainer is cyclic garbage: collected here, not by chance inside the next run
             gc.collect()
             torch.manual_seed(0)
-            results[key].append(runners[key](model_fn(), data, steps, batch_size))
+            results[key].append(RUNNERS[key](model_fn(), data, steps, batch_size))
     steady = {k: max(r[0] for r in v) for k, v in results.items()}
     total = {k: max(r[1] for r in v) for k, v in results.items()}
     faults = {k: "/".join(f"{r[2]:.0f}" for r in v) for k, v in results.items()}
-    print(f"\n{name}: {steps} steps, batch {batch_size}, best of {repeats}")
-    for key in runners:
+    where = "a fresh process each" if fresh is not None else "in this process"
+    print(f"\n{title}: {steps} steps, batch {batch_size}, best of {repeats}, {where}")
+    for key in keys:
         print(
             f"  {key:22s} steady {steady[key]:9.1f} steps/s  ratio {steady[key] / steady['raw']:.3f}   "
             f"| total {total[key]:9.1f} steps/s  ratio {total[key] / total['raw']:.3f}   "
@@ -325,7 +366,6 @@ def count_instructions() -> None:
     """Instructions per optimizer step of the tiny MLP, raw loop and trainwright (see the docstring)."""
     import re
     import shutil
-    import subprocess
     from concurrent.futures import ThreadPoolExecutor
 
     if shutil.which("valgrind") is None:
@@ -383,7 +423,11 @@ def main() -> int:
     p.add_argument(
         "--count-bytecodes", action="store_true", help="Python bytecodes per step instead of rates"
     )
+    p.add_argument(
+        "--fresh", action="store_true", help="each measurement in a new process (after a warm-up run there)"
+    )
     p.add_argument("--run-steps", nargs=2, metavar=("VARIANT", "STEPS"), help=argparse.SUPPRESS)
+    p.add_argument("--rate-of", nargs=3, metavar=("WORKLOAD", "VARIANT", "STEPS"), help=argparse.SUPPRESS)
     add_malloc_argument(p)
     ns = p.parse_args()
     if ns.run_steps:
@@ -407,6 +451,9 @@ def main() -> int:
         _now = time.thread_time
     if ns.threads:
         torch.set_num_threads(ns.threads)
+    if ns.rate_of:
+        print("RATE", *rate_of(ns.rate_of[0], ns.rate_of[1], int(ns.rate_of[2])))
+        return 0
     peers = []
     try:
         import transformers  # noqa: F401
@@ -422,20 +469,13 @@ def main() -> int:
         f"load {load}, peers: {peers or 'none'}"
     )
     results = []
+    fresh = ["--threads", str(ns.threads), "--clock", ns.clock, "--malloc", ns.malloc] if ns.fresh else None
     if "mlp" not in ns.skip:
-        mlp = bench("tiny MLP (overhead-bound)", MLP, VecData(), ns.mlp_steps, 8, ns.repeats, peers)
+        mlp = bench("tiny MLP (overhead-bound)", "mlp", ns.mlp_steps, 8, ns.repeats, peers, fresh)
         results.append(f"tiny MLP {mlp:.3f} (goal >= 0.97)")
     if "gpt" not in ns.skip:
-        model_name = gpt_model()[1]
-        gpt = bench(
-            f"2-layer GPT-2, seq 128 ({model_name}, compute-bound)",
-            lambda: gpt_model()[0],
-            TokenData(),
-            ns.gpt_steps,
-            8,
-            ns.repeats,
-            peers,
-        )
+        title = f"2-layer GPT-2, seq 128 ({gpt_model()[1]}, compute-bound)"
+        gpt = bench(title, "gpt", ns.gpt_steps, 8, ns.repeats, peers, fresh)
         results.append(f"GPT-2 {gpt:.3f} (goal >= 0.99)")
     print(f"load at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"\nSUMMARY trainwright/raw: {', '.join(results)}")

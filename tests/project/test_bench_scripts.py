@@ -55,8 +55,10 @@ def test_the_bench_script_runs_and_prints_its_summary(name, tmp_path):
     assert summary in done.stdout, done.stdout[-3000:]
 
 
-def test_overhead_rates_alternate_the_order_and_leave_peers_out_when_asked():
+@pytest.mark.parametrize("where", ["in this process", "a fresh process each"])
+def test_overhead_rates_alternate_the_order_and_leave_peers_out_when_asked(where):
     argv = ["bench/overhead.py", "--skip", "gpt", "--skip", "peers", "--repeats", "2", "--mlp-steps", "30"]
+    argv += ["--fresh"] if where.startswith("a fresh") else []
     done = subprocess.run(
         [sys.executable, *argv],
         cwd=ROOT,
@@ -67,6 +69,7 @@ def test_overhead_rates_alternate_the_order_and_leave_peers_out_when_asked():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "SUMMARY trainwright/raw: tiny MLP" in done.stdout and "peers: none" in done.stdout
+    assert f"best of 2, {where}" in done.stdout
     assert "transformers.Trainer" not in done.stdout
 
 
