@@ -91,7 +91,7 @@ STEP_PATH = [
     "modeling/loss.py:count_items",
     "data/items.py:count_items",
     "data/items.py:items_in_batch",
-    "core/events.py:CallbackHandler.call_event",
+    "core/events.py:CallbackHandler.dispatch",
     "callbacks/flow.py:DefaultFlowCallback.on_step_end",
 ]
 # The evaluation's functions, as issue 31 counts them: the loop (`Evaluation.run` since it became a
@@ -117,7 +117,7 @@ PLUGIN_NAMES = {
 }
 # Counted apart: the review of bbf2813 left the event dispatch and the flow callback out of its step path.
 EVENT_SIDE = {
-    "core/events.py:CallbackHandler.call_event",
+    "core/events.py:CallbackHandler.dispatch",
     "callbacks/flow.py:DefaultFlowCallback.on_step_end",
 }
 
