@@ -46,6 +46,48 @@ MAX_UNLOGGED_STEPS = 4096  # step losses kept for the next log row before they a
 class TrainingRun:
     """One run's state and the per-step bookkeeping around the Trainer's hooks."""
 
+    # slots: CPython specializes attribute and method lookups on them (a dict of more than 30 keys,
+    # as this run would have, is never specialized)
+    __slots__ = (
+        "args",
+        "runtime",
+        "device",
+        "distributed",
+        "data_world_size",
+        "_agree",
+        "dataloader",
+        "epochs",
+        "max_steps",
+        "trial",
+        "ignore_keys_for_eval",
+        "cursor",
+        "geometry",
+        "engine",
+        "losses",
+        "weights",
+        "preemption",
+        "checkpointer",
+        "flops_per_token",
+        "count_flops",
+        "count_input_tokens",
+        "grad_norm",
+        "last_lr",
+        "start_time",
+        "samples_at_start",
+        "tokens_at_start",
+        "input_tokens_at_start",
+        "iterable_restored",
+        "eval_stops_on_preemption",
+        "evaluation_pending",
+        "divergence",
+        "custom_lse",
+        "metric_scheduler",
+        "optimizer_train",
+        "step_micro_batches",
+        "step_position",
+        "_attached",
+    )
+
     def __init__(
         self,
         args: Any,
