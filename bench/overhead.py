@@ -37,8 +37,8 @@ small functions.
 
 `--fresh` takes each measurement in a new Python process (a warm-up run of the same variant there,
 then the timed one), as a user's script runs: no variant inherits another's heap, garbage or
-interpreter caches. The in-process default moves by about +-1.5% between invocations; this one
-less. Slower to run (imports each time).
+interpreter caches. Slower to run (imports each time), and not steadier: on the 2-core VM both
+modes' ratios scatter by about +-2% between invocations, so compare several.
 
 `--clock thread` times with this thread's CPU time instead of the wall clock: other processes on a
 shared machine then do not count against whichever variant they happened to overlap (run it with
@@ -250,7 +250,7 @@ def rate_of(name, variant, steps, batch_size=8):
 
 
 def rate_in_fresh_process(name, variant, steps, passed):
-    """`rate_of` in a new Python process (given this run's --threads / --clock), as a user's script runs."""
+    """`rate_of` in a new Python process (given `passed`: this run's --threads, --clock, --malloc)."""
     cmd = [sys.executable, __file__, *passed, "--rate-of", name, variant, str(steps)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     line = next((x for x in done.stdout.splitlines() if x.startswith("RATE ")), None)

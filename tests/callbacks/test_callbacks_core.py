@@ -153,7 +153,7 @@ def test_save_steps_and_save_at_end():
 
 def test_an_unset_interval_of_a_strategy_that_does_not_use_it_is_not_read():
     """The flow tests the step against an interval before reading its strategy: an interval left
-    None (a TrainerState built by hand, or an old trainer_state.json) under "no"/"epoch" is fine."""
+    None (a TrainerState built by hand) under "no"/"epoch" is never used, so it must not fail."""
     args = make_args(logging_strategy="epoch", eval_strategy="no", save_strategy="no")
     actions, state = run_loop(args, max_steps=4, logging_steps=None, eval_steps=None, save_steps=None)
     assert of(actions, "log") == [4] and state.global_step == 4

@@ -14,9 +14,10 @@ millisecond instead, which can miss short peaks. ``cpu_peak_method`` says which 
 
 Limits: figures are for this process only (DataLoader worker processes are not included), RSS
 counts shared pages once touched, and memory the C allocator hands out again from pages it kept
-resident (freed chunks inside the heap, common after a long session) does not move the RSS; GPU figures are the PyTorch caching allocator's counters of
-the tracked device (not the CUDA context or other libraries' memory). Both the RSS high-water mark
-and ``torch.cuda`` peak counter are process-global: another tool that resets them during a stage
+resident (freed chunks inside the heap, common after a long session) does not move the RSS; GPU
+figures are the PyTorch caching allocator's counters of the tracked device (not the CUDA context or
+other libraries' memory). Both the RSS high-water mark and ``torch.cuda`` peak counter are
+process-global: another tool that resets them during a stage
 corrupts the numbers, and this tracker resets them at each stage start (so a whole-run peak read
 elsewhere, e.g. from ``ru_maxrss``, is lost). Stages do not nest: a stage started while another
 runs (evaluation inside training) is ignored, and its memory is part of the outer stage.
