@@ -124,3 +124,33 @@ CPU_CASES = {
     **family("apollo_torch", "AdamW", ["apollo_adamw"], **APOLLO),
     **family("apollo_torch", "LayerWiseOptimizer", ["apollo_adamw_layerwise"], **APOLLO, **LAYERWISE),
 }
+
+
+# (name, scheduler_specific_kwargs) covering every schedule and its options
+PARITY_CASES = [
+    ("linear", {}),
+    ("cosine", {}),
+    ("cosine", {"num_cycles": 1.5}),
+    ("cosine_with_restarts", {}),
+    ("cosine_with_restarts", {"num_cycles": 3}),
+    ("polynomial", {}),
+    ("polynomial", {"lr_end": 1e-4, "power": 2.0}),
+    ("constant", {}),
+    ("constant_with_warmup", {}),
+    ("inverse_sqrt", {}),
+    ("inverse_sqrt", {"timescale": 25}),
+    ("cosine_with_min_lr", {"min_lr": 1e-3}),
+    ("cosine_with_min_lr", {"min_lr_rate": 0.2, "num_cycles": 0.75}),
+    ("cosine_warmup_with_min_lr", {"min_lr_rate": 0.1}),
+    ("cosine_warmup_with_min_lr", {"min_lr": 1e-3, "warmup_lr_rate": 0.05}),
+    ("warmup_stable_decay", {"num_decay_steps": 30}),
+    (
+        "warmup_stable_decay",
+        {"num_decay_steps": 20, "warmup_type": "cosine", "decay_type": "linear", "min_lr_ratio": 0.1},
+    ),
+    ("warmup_stable_decay", {"num_decay_steps": 25, "warmup_type": "1-sqrt", "decay_type": "1-sqrt"}),
+    (
+        "warmup_stable_decay",
+        {"num_decay_steps": 20, "decay_type": "cosine", "num_cycles": 0.25, "min_lr_ratio": 0.05},
+    ),
+]

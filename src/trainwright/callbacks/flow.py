@@ -15,10 +15,6 @@ def strategy_is(strategy: Any, name: str) -> bool:
     return getattr(strategy, "value", strategy) == name
 
 
-def _every(step: int, interval: int | None) -> bool:
-    return interval is not None and interval > 0 and step % interval == 0
-
-
 class DefaultFlowCallback(TrainerCallback):
     """Sets `should_log` / `should_evaluate` / `should_save` / `should_training_stop` from the
     logging, eval and save strategies, as transformers 5.23 does.
@@ -37,15 +33,16 @@ class DefaultFlowCallback(TrainerCallback):
         self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> TrainerControl:
         step = state.global_step
-        # the interval test first: on most steps no strategy needs reading (every step pays this)
+        # the interval test first, inline (an unset interval is None or 0): on most steps no
+        # strategy needs reading, and every step pays this
         if step == 1 and args.logging_first_step:
             control.should_log = True
-        if _every(step, state.logging_steps) and strategy_is(args.logging_strategy, "steps"):
+        if (n := state.logging_steps) and step % n == 0 and strategy_is(args.logging_strategy, "steps"):
             control.should_log = True
-        eval_step = _every(step, state.eval_steps)
+        eval_step = bool((n := state.eval_steps) and step % n == 0)
         if eval_step and self._evaluates_at(args, step):
             control.should_evaluate = True
-        if _every(step, state.save_steps) and strategy_is(args.save_strategy, "steps"):
+        if (n := state.save_steps) and step % n == 0 and strategy_is(args.save_strategy, "steps"):
             control.should_save = True
 
         if step >= state.max_steps:

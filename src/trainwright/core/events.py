@@ -24,6 +24,7 @@ Event order (the loop in `trainer.py` is the spec):
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from trainwright.core.state import TrainerControl, TrainerState
@@ -99,14 +100,39 @@ def _overrides(callback: TrainerCallback, event: str) -> bool:
     return method is not getattr(TrainerCallback, event)
 
 
-# Flags the handler clears before an event is dispatched (upstream's reset rules).
-_RESETS = {
-    "on_train_begin": ("should_training_stop",),
-    "on_epoch_begin": ("should_epoch_stop",),
-    "on_step_begin": ("should_log", "should_evaluate", "should_save"),
-    "on_log": ("should_log",),
-    "on_evaluate": ("should_evaluate",),
-    "on_save": ("should_save",),
+# The flags the handler clears before an event is dispatched (upstream's reset rules): plain
+# assignments, not a loop of setattr calls (on_step_begin runs on every step)
+def _clear_training_stop(control: TrainerControl) -> None:
+    control.should_training_stop = False
+
+
+def _clear_epoch_stop(control: TrainerControl) -> None:
+    control.should_epoch_stop = False
+
+
+def _clear_step_flags(control: TrainerControl) -> None:
+    control.should_log = control.should_evaluate = control.should_save = False
+
+
+def _clear_log(control: TrainerControl) -> None:
+    control.should_log = False
+
+
+def _clear_evaluate(control: TrainerControl) -> None:
+    control.should_evaluate = False
+
+
+def _clear_save(control: TrainerControl) -> None:
+    control.should_save = False
+
+
+_RESETS: dict[str, Callable[[TrainerControl], None]] = {
+    "on_train_begin": _clear_training_stop,
+    "on_epoch_begin": _clear_epoch_stop,
+    "on_step_begin": _clear_step_flags,
+    "on_log": _clear_log,
+    "on_evaluate": _clear_evaluate,
+    "on_save": _clear_save,
 }
 
 
@@ -204,10 +230,9 @@ class CallbackHandler(TrainerCallback):
     ):
         """`call_event` with the extra keyword arguments as a dict: a call CPython can specialize
         (a `**kwargs` signature is not), which the Trainer's per-step events use."""
-        resets = _RESETS.get(event)
-        if resets is not None:
-            for flag in resets:
-                setattr(control, flag, False)
+        reset = _RESETS.get(event)
+        if reset is not None:
+            reset(control)
         listeners = self._listeners.get(event)
         if not listeners:
             return control

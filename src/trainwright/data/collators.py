@@ -67,7 +67,7 @@ def default_data_collator(features: Sequence[Any], return_tensors: str = "pt") -
     if (
         return_tensors == "pt"
         and type(first) is dict
-        and not any(k in first for k in LABEL_KEYS)
+        and first.keys().isdisjoint(LABEL_KEYS)
         and all(isinstance(v, torch.Tensor) for v in first.values())
     ):  # dicts of tensors, the common case: stack each key (what the general path does, minus its checks)
         try:

@@ -37,6 +37,7 @@ from trainwright.loop.plugins import PlugIn
 from trainwright.modeling.loss import LossWindow, WindowReading, batch_size
 from trainwright.modeling.step_weights import StepWeights
 from trainwright.observe.flops import non_embedding_parameters
+from trainwright.optim.zeroing import grads_to_none
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ class TrainingRun:
         "custom_lse",
         "metric_scheduler",
         "optimizer_train",
+        "zero_grad",
         "step_micro_batches",
         "step_position",
         "_attached",
@@ -143,6 +145,7 @@ class TrainingRun:
         self.custom_lse = False  # a subclass overrides _maybe_log_save_evaluate: called every step
         self.metric_scheduler = False  # the scheduler steps on the evaluation metric, not per step
         self.optimizer_train: Callable[[], Any] = _nothing  # schedule-free: back to training weights
+        self.zero_grad: Callable[[], None] = _nothing  # the optimizer's, bound in start()
         # the step being taken: its micro-batches, and how many of them advance() has counted
         self.step_micro_batches = self.step_position = 0
         self._attached = contextlib.ExitStack()  # plug-ins' hooks on this run's module, off when it ends
@@ -167,7 +170,8 @@ class TrainingRun:
         train = getattr(optimizer, "train", None)  # looked up once: a miss costs ~0.5 us a step
         self.optimizer_train = train if callable(train) else _nothing
         self._attached = plugins.around_run(added, self.engine.module, state)
-        optimizer.zero_grad(set_to_none=True)
+        self.zero_grad = grads_to_none(optimizer)
+        self.zero_grad()
         self.start_time = time.time()
 
     def resume_at(
@@ -263,7 +267,7 @@ class TrainingRun:
         self.grad_norm, self.last_lr = grad_norm, optimizer.param_groups[0]["lr"]
         if applied and not self.metric_scheduler:
             scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        self.zero_grad()
         cursor = self.cursor
         cursor.steps_attempted += 1
         cursor.steps_applied += int(applied)
