@@ -86,7 +86,7 @@ def test_a_run_too_short_to_measure_is_refused_naming_the_flag(argv, message):
     assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
 
 
-@pytest.mark.parametrize("variant", ["raw", "trainwright"])
+@pytest.mark.parametrize("variant", ["raw", "raw-lean", "trainwright"])
 def test_the_unit_count_instructions_times_trains_and_exits_0(variant):
     """`bench/overhead.py --count-instructions` runs `--run-steps VARIANT N` under valgrind (minutes a
     run, so not here): the unit itself trains and exits 0."""
