@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
@@ -45,7 +46,19 @@ class RuntimeAccelerator:
     """What code written against accelerate uses of `trainer.accelerator`, over the Trainer's runtime."""
 
     def __init__(self, owner: _Owner) -> None:
-        self._owner = owner
+        # weak: the Trainer holds this, and a cycle would keep its model and optimizer alive after
+        # `del trainer` until the next full garbage collection
+        self._owner_ref = weakref.ref(owner)
+
+    @property
+    def _owner(self) -> _Owner:
+        owner = self._owner_ref()
+        if owner is None:
+            raise RuntimeError(
+                "trainer.accelerator was used after its Trainer was deleted; keep the Trainer "
+                "(not only its accelerator) while you use it."
+            )
+        return owner
 
     @property
     def _runtime(self) -> Any:

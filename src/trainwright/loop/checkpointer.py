@@ -35,6 +35,7 @@ import copy
 import logging
 import os
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -75,13 +76,11 @@ class Checkpointer:
     """The checkpoints of one run (see the module docstring)."""
 
     def __init__(
-        self,
-        trainer: CheckpointedTrainer,
-        run: TrainingRun,
-        fire: Callable[..., None],
-        resume_from: str | None = None,
+        self, trainer: CheckpointedTrainer, run: TrainingRun, resume_from: str | None = None
     ) -> None:
-        self.trainer, self.run, self._fire = trainer, run, fire
+        # weak: the Trainer holds the run, which holds this; a cycle would keep the model and the
+        # optimizer alive after `del trainer` until the next full garbage collection
+        self._trainer, self._run = weakref.ref(trainer), weakref.ref(run)
         self.args, self.runtime = trainer.args, trainer.runtime
         self.main = writes_once(self.args, self.runtime)
         self.manager = CheckpointManager(self.runtime, main=self.main)
@@ -94,6 +93,23 @@ class Checkpointer:
         self._collectives: GroupCollectives | None = None  # its process group, with several processes
         self._said: set[str] = set()
         self._last_step: int | None = None  # the step of this run's last checkpoint
+
+    @property
+    def trainer(self) -> CheckpointedTrainer:
+        trainer = self._trainer()
+        if trainer is None:
+            raise RuntimeError("The Trainer of this run was deleted; a checkpoint needs it.")
+        return trainer
+
+    @property
+    def run(self) -> TrainingRun:
+        run = self._run()
+        if run is None:
+            raise RuntimeError("The training run of this checkpointer has ended; a checkpoint needs it.")
+        return run
+
+    def _fire(self, event: str, state: Any = None) -> None:
+        self.trainer._fire(event, state)
 
     def wrote(self, step: int) -> bool:
         """Whether this run already wrote the checkpoint of `step`."""

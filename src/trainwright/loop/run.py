@@ -19,9 +19,10 @@ import contextlib
 import logging
 import math
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -88,6 +89,7 @@ class TrainingRun:
         "step_micro_batches",
         "step_position",
         "_attached",
+        "__weakref__",  # the parts that call back into the run hold it weakly: no cycle through it
     )
 
     def __init__(
@@ -118,7 +120,11 @@ class TrainingRun:
         self.geometry = data_utils.sampler_geometry(dataloader)
         self.engine: Engine = build_engine(args, runtime, model)
         self.losses = LossWindow(runtime.device)
-        self.weights = weights(self.note_empty_step)  # how micro-batch losses make the step's
+        # how micro-batch losses make the step's; told of an empty step through a weak reference
+        # (a bound method would make a cycle, and a finished run's engine, with the model and the
+        # optimizer, would then outlive `del trainer` until the next full garbage collection)
+        run = weakref.ref(self)
+        self.weights = weights(lambda: cast(TrainingRun, run()).note_empty_step())
         self.preemption = PreemptionGuard(args.preemption_signals)
         self.checkpointer: Any = None  # the Trainer's Checkpointer for this run (set when it is built)
         # FLOPs of a micro-batch from it and its tokens (else samples): an overridden

@@ -164,7 +164,7 @@ class Trainer(TrainerAPI):
             count_flops=self.floating_point_ops if exact_flops else None,
             weights=self._step_weights,
         )
-        run.checkpointer = Checkpointer(self, run, self._fire, resume_from=resume_path)
+        run.checkpointer = Checkpointer(self, run, resume_from=resume_path)
         self.model_wrapped = self._wrap_model(self.model)  # DDP / FSDP2 (DeepSpeed: in start)
         self.model_wrapped, self.optimizer = run.engine.start(self, max_steps, self.model_wrapped)
         self.scaler = run.engine.scaler  # fp16 grad scaler (DeepSpeed scales itself)
