@@ -2,8 +2,8 @@
 
 Both run the same model, data, optimizer (AdamW as trainwright's default picks it), clipping,
 linear schedule and seed, in this process, alternating runs (every other repeat in reverse order,
-each after a full garbage collection: a finished Trainer is cyclic garbage, and where the collector
-happens to free it is another run's cost); the best of each is compared.
+each after a full garbage collection: whatever a finished run left in cycles is not another run's
+cost); the best of each is compared.
 transformers.Trainer runs the same workloads too when installed (with accelerate).
 
 "raw" schedules and zeroes as a user writes it (`LambdaLR.step()`, `optimizer.zero_grad()`);
@@ -308,7 +308,7 @@ def bench(title, name, steps, batch_size, repeats, peers, fresh=None):
             if fresh is not None:
                 results[key].append(rate_in_fresh_process(name, key, steps, fresh))
                 continue
-            # a finished Trainer is cyclic garbage: collected here, not by chance inside the next run
+            # whatever a finished run left in cycles is collected here, not by chance inside the next run
             gc.collect()
             torch.manual_seed(0)
             results[key].append(RUNNERS[key](model_fn(), data, steps, batch_size))
