@@ -113,6 +113,14 @@ def test_grads_to_none_keeps_an_optimizers_own_zero_grad() -> None:
     assert Own.calls == [True] and params[0].grad is None
 
 
+def test_grads_to_none_keeps_a_zero_grad_set_on_the_instance() -> None:
+    opt = _optimizer()
+    calls = []
+    opt.zero_grad = lambda set_to_none=True: calls.append(set_to_none)  # type: ignore[method-assign]
+    grads_to_none(opt)()
+    assert calls == [True]
+
+
 def test_a_profiled_training_run_still_records_the_zero_grad_range(tmp_path) -> None:
     """Under torch.profiler the Trainer's zeroing is torch's, so the trace has its range."""
     from trainwright import Trainer, TrainingArguments

@@ -17,12 +17,14 @@ def grads_to_none(optimizer: Any) -> Callable[[], None]:
     (~6 us, 2% of a small model's step) whether or not a profiler records. For an optimizer that
     keeps torch's `zero_grad`, the returned call sets each parameter's `.grad` to None itself and
     calls torch's only while a profiler records (its range is then in the trace, as before). An
-    optimizer with its own `zero_grad` (DeepSpeed's, LOMO's, a user's override) keeps it.
+    optimizer with its own `zero_grad` (DeepSpeed's, LOMO's, a user's override, one set on the
+    instance) keeps it.
     """
     own = partial(optimizer.zero_grad, set_to_none=True)
     if (
         not isinstance(optimizer, torch.optim.Optimizer)
         or type(optimizer).zero_grad is not torch.optim.Optimizer.zero_grad
+        or "zero_grad" in vars(optimizer)  # replaced on the instance (a library's patch)
         or not hasattr(profiler, "_is_profiler_enabled")  # torch's own fast check, since 2.1
     ):
         return own
