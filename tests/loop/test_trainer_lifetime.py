@@ -4,7 +4,9 @@ full garbage collection, which may come much later."""
 
 from __future__ import annotations
 
+import copy
 import gc
+import pickle
 import weakref
 
 import pytest
@@ -49,3 +51,12 @@ def test_deleting_an_untrained_trainer_frees_its_model_at_once(make_args, no_col
     model = weakref.ref(trainer.model)
     del trainer
     assert model() is None
+
+
+def test_a_trainer_still_pickles_and_copies_with_its_accelerator(make_args):
+    """ray's search pickles the Trainer to its workers: the accelerator's weak reference to its
+    Trainer goes as the Trainer itself and comes back pointing at the copy."""
+    trainer = _trainer(make_args)
+    for clone in (pickle.loads(pickle.dumps(trainer)), copy.deepcopy(trainer)):
+        assert clone.accelerator._owner is clone
+        assert clone.accelerator.device == trainer.accelerator.device

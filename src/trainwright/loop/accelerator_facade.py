@@ -50,6 +50,13 @@ class RuntimeAccelerator:
         # `del trainer` until the next full garbage collection
         self._owner_ref = weakref.ref(owner)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # pickled with its Trainer (ray's search ships the Trainer to its workers); pickle keeps the cycle
+        return {"owner": self._owner}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._owner_ref = weakref.ref(state["owner"])
+
     @property
     def _owner(self) -> _Owner:
         owner = self._owner_ref()
