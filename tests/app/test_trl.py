@@ -54,7 +54,7 @@ def run_job(library: str, cfg: dict) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("trl")
-    base = {"scenarios": SCENARIOS + OTHERS, "tokenizer": str(root / "tokenizer")}
+    base = {"scenarios": SCENARIOS + OTHERS, "tokenizer": str(root / "tokenizer"), "lifetime": True}
     hf = run_job("transformers", {**base, "root": str(root / "hf"), "report": str(root / "hf.json")})
     extra = {"resumed": True, "async": True, "accumulation": True}
     tw = run_job("trainwright", {**base, **extra, "root": str(root / "tw"), "report": str(root / "tw.json")})
@@ -89,6 +89,14 @@ def test_trl_resume_and_background_checkpoints_keep_trainwrights_guarantees(runs
     tw = runs["trainwright"][scenario]
     assert tw["resume_exact"], "a resume from checkpoint-2 did not end on the uninterrupted weights"
     assert tw["async_same_bytes"], "a background checkpoint's files differ from the synchronous one's"
+
+
+def test_a_finished_sft_trainer_is_freed_at_once_wherever_it_is_on_transformers(runs):
+    """`del trainer` frees the model by reference counting wherever transformers.Trainer does (the
+    full-model SFT trainer keeps it in a cycle of TRL's own on transformers)."""
+    hf, tw = runs["transformers"]["lifetime"], runs["trainwright"]["lifetime"]
+    assert hf["sft_lora"], "transformers frees an SFT LoRA trainer's model at once: the check works"
+    assert all(tw[scenario] or not hf[scenario] for scenario in hf), (hf, tw)
 
 
 def test_sft_accumulation_is_token_exact(runs):

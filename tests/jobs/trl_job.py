@@ -10,16 +10,19 @@ Each trains 4 steps (a checkpoint every 2) and reports its log history, the file
 base class its trainer has. Options: "resumed" (a second trainer per scenario resumes checkpoint-2 in
 this process; its final weights are compared with the first's), "async" (a third run with async_save,
 whose checkpoint files are compared byte for byte), "accumulation" (SFT: one step of a batch of 4
-against two micro-batches of 2), "only_resume" (resume the newest checkpoint of `root/<scenario>`),
+against two micro-batches of 2), "only_resume" (resume the newest checkpoint of `root/<scenario>`), "lifetime" (SFT and SFT with
+LoRA: whether `del trainer` frees the model at once),
 "announce" (print SAVED <step> at each save, sleep "pause" seconds a step: for the signal tests).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
 import time
+import weakref
 
 import torch
 
@@ -277,12 +280,34 @@ def accumulation(tok, cfg: dict) -> dict:
     return {"max_weight_difference": diff, "losses": [l1, l2]}
 
 
+def lifetime(tok, cfg: dict) -> dict:
+    """SFT (full and LoRA), trained without evaluation: whether `del trainer` frees the model at once
+    (by reference counting, no cycle through the trainer). With evaluation on, TRL's trainers keep
+    theirs in cycles of their own on either library."""
+    freed = {}
+    for scenario in ("sft", "sft_lora"):
+        out = os.path.join(cfg["root"], f"{scenario}_lifetime")
+        trainer = build(scenario, tok, out, cfg, max_steps=2, eval_strategy="no")
+        trainer.train()
+        model = weakref.ref(trainer.model)
+        gc.collect()  # what the run left in cycles (lazy imports' frames among them) goes first
+        gc.disable()
+        try:
+            del trainer
+            freed[scenario] = model() is None
+        finally:
+            gc.enable()
+    return freed
+
+
 def main(cfg: dict) -> None:
     torch.set_num_threads(1)
     tok = eco.tokenizer(cfg["tokenizer"])
     report = {name: run_scenario(name, tok, cfg) for name in cfg.get("scenarios", [])}
     if cfg.get("accumulation"):
         report["accumulation"] = accumulation(tok, cfg)
+    if cfg.get("lifetime"):
+        report["lifetime"] = lifetime(tok, cfg)
     with open(cfg["report"], "w") as f:
         json.dump(report, f)
 

@@ -10,9 +10,14 @@ import pickle
 import weakref
 
 import pytest
+import transformers
 from conftest import RegressionDataset, RegressionModel
+from kit import hf
 
+import trainwright
 from trainwright import Trainer
+
+tokenizer, tokenizer_dir = hf.tokenizer, hf.tokenizer_dir  # session fixtures
 
 
 @pytest.fixture
@@ -60,3 +65,45 @@ def test_a_trainer_still_pickles_and_copies_with_its_accelerator(make_args):
     for clone in (pickle.loads(pickle.dumps(trainer)), copy.deepcopy(trainer)):
         assert clone.accelerator._owner is clone
         assert clone.accelerator.device == trainer.accelerator.device
+
+
+def _gpt2_run(lib, tok, out: str, lora: bool):
+    """A transformers example's run: GPT-2 from a config (maybe under LoRA), tokenized rows,
+    DataCollatorForLanguageModeling's BatchEncoding batches; trains 2 steps with a checkpoint."""
+    model = hf.tiny_gpt2_lm(tok)
+    if lora:
+        peft = pytest.importorskip("peft")
+        model = peft.get_peft_model(
+            model, peft.LoraConfig(r=4, target_modules=["c_attn"], task_type="CAUSAL_LM")
+        )
+    args = lib.TrainingArguments(
+        out,
+        max_steps=2,
+        per_device_train_batch_size=4,
+        save_steps=2,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    collator = transformers.DataCollatorForLanguageModeling(tok, mlm=False)
+    trainer = lib.Trainer(
+        model=model, args=args, train_dataset=hf.clm_dataset(tok, 16), data_collator=collator
+    )
+    trainer.train()
+    return weakref.ref(trainer.model), weakref.ref(trainer.optimizer)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["gpt2", "gpt2-lora"])
+def test_a_transformers_model_is_freed_at_once_as_with_transformers_trainer(
+    tokenizer, tmp_path, no_collector, lora
+):
+    """A transformers model's loss takes `num_items_in_batch`: the run's weights hold the Trainer's
+    measurement of it (a cycle through the Trainer until it is weak). transformers.Trainer frees it
+    at once too."""
+    freed = {}
+    for lib in (transformers, trainwright):
+        _gpt2_run(lib, tokenizer, str(tmp_path / lib.__name__ / "warm"), lora)  # first-call imports
+        gc.collect()
+        model, optimizer = _gpt2_run(lib, tokenizer, str(tmp_path / lib.__name__ / "run"), lora)
+        freed[lib.__name__] = model() is None and optimizer() is None
+    assert freed == {"transformers": True, "trainwright": True}

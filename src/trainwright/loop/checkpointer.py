@@ -72,6 +72,14 @@ def writes_once(args: Any, runtime: Any) -> bool:
     return runtime.is_main_process or bool(args.save_on_each_node and runtime.is_local_main_process)
 
 
+def _alive(ref: weakref.ref, what: str) -> Any:
+    """The object `ref` points at, or an error naming it (a checkpoint outlived its run)."""
+    obj = ref()
+    if obj is None:
+        raise RuntimeError(f"The {what} of this checkpointer was deleted; a checkpoint needs it.")
+    return obj
+
+
 class Checkpointer:
     """The checkpoints of one run (see the module docstring)."""
 
@@ -96,17 +104,11 @@ class Checkpointer:
 
     @property
     def trainer(self) -> CheckpointedTrainer:
-        trainer = self._trainer()
-        if trainer is None:
-            raise RuntimeError("The Trainer of this run was deleted; a checkpoint needs it.")
-        return trainer
+        return _alive(self._trainer, "Trainer")
 
     @property
     def run(self) -> TrainingRun:
-        run = self._run()
-        if run is None:
-            raise RuntimeError("The training run of this checkpointer has ended; a checkpoint needs it.")
-        return run
+        return _alive(self._run, "training run")
 
     def _fire(self, event: str, state: Any = None) -> None:
         self.trainer._fire(event, state)

@@ -19,10 +19,9 @@ import contextlib
 import logging
 import math
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -89,7 +88,7 @@ class TrainingRun:
         "step_micro_batches",
         "step_position",
         "_attached",
-        "__weakref__",  # the parts that call back into the run hold it weakly: no cycle through it
+        "__weakref__",  # the parts that call back into the run (weights, checkpointer) hold it weakly
     )
 
     def __init__(
@@ -120,11 +119,7 @@ class TrainingRun:
         self.geometry = data_utils.sampler_geometry(dataloader)
         self.engine: Engine = build_engine(args, runtime, model)
         self.losses = LossWindow(runtime.device)
-        # how micro-batch losses make the step's; told of an empty step through a weak reference
-        # (a bound method would make a cycle, and a finished run's engine, with the model and the
-        # optimizer, would then outlive `del trainer` until the next full garbage collection)
-        run = weakref.ref(self)
-        self.weights = weights(lambda: cast(TrainingRun, run()).note_empty_step())
+        self.weights = weights(self.note_empty_step)  # how micro-batch losses make the step's
         self.preemption = PreemptionGuard(args.preemption_signals)
         self.checkpointer: Any = None  # the Trainer's Checkpointer for this run (set when it is built)
         # FLOPs of a micro-batch from it and its tokens (else samples): an overridden

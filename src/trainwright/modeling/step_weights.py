@@ -11,6 +11,8 @@ counts its items; each micro-batch only scales its loss.
 
 from __future__ import annotations
 
+import inspect
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
@@ -31,6 +33,23 @@ def _has_labels(inputs: Any) -> bool:
     return isinstance(inputs, Mapping) and "labels" in inputs
 
 
+def _held_weakly(fn: Callable[..., None] | None) -> Callable[..., None] | None:
+    """`fn`, a bound method held through a weak reference to its object: the weights belong to a
+    run the Trainer holds, and a strong one back would make a cycle that keeps the model and the
+    optimizer alive after `del trainer` until the next full garbage collection."""
+    if not inspect.ismethod(fn):
+        return fn
+    method, name = weakref.WeakMethod(fn), fn.__qualname__  # not `fn`: it holds the object
+
+    def call(*args: Any) -> None:
+        bound = method()
+        if bound is None:
+            raise RuntimeError(f"{name}'s object was deleted while its run's weights were in use.")
+        bound(*args)
+
+    return call
+
+
 class StepWeights:
     """The weighting of one run's steps (built per run: a retry or a new `train()` builds another).
 
@@ -39,7 +58,7 @@ class StepWeights:
     `loss_is_scaled_for_ga` (None: not said); runtime: the processes (`all_reduce`, `device`,
     `gradient_average_size`); across: sum the items over processes (`average_tokens_across_devices`
     over several); probe: measures a `**kwargs` forward (clears `facts.probe` once settled);
-    on_empty: told of a step with no target at all.
+    on_empty: told of a step with no target at all. Bound methods among them are held weakly.
     """
 
     def __init__(
@@ -57,8 +76,8 @@ class StepWeights:
         self._facts, self._custom, self._declared = facts, custom_loss, scaled_for_ga
         self._runtime = runtime if across else None
         self._factor = runtime.gradient_average_size if across else None  # DDP/FSDP average over them
-        self._probe = probe if facts.probe else None
-        self._on_empty = on_empty
+        self._probe = _held_weakly(probe) if facts.probe else None
+        self._on_empty = _held_weakly(on_empty)
         self._normalised = self._decide()
 
     def _decide(self) -> Callable[[Any], bool]:
