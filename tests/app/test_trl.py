@@ -13,15 +13,12 @@ accumulation is token-exact.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
-import torch
-from kit import job, job_env
+from kit import job
+from kit import library_runs as lr
 
 pytest.importorskip("trl")
 pytest.importorskip("peft")
@@ -30,25 +27,10 @@ JOB = job("trl_job.py")
 SCENARIOS = ["sft", "sft_lora", "sft_pack", "dpo", "dpo_none", "dpo_lora", "reward", "grpo"]
 # the other trainers TRL builds on the Trainer (the last three are experimental): trained only
 OTHERS = ["kto", "rloo", "distillation", "orpo", "cpo", "gkd"]
-TIMINGS = ("_runtime", "_per_second", "step_time", "total_flos")
-# what trainwright adds to a checkpoint: its manifest, its data position, its arguments as JSON
-OWN_FILES = {"checkpoint_complete.json", "data_state.json", "training_args.json"}
-ENV = job_env(HF_HUB_OFFLINE="1", CI="1", TOKENIZERS_PARALLELISM="false")
-
-
-def command(library: str) -> list[str]:
-    if library == "transformers":
-        return [sys.executable, JOB]
-    return [sys.executable, "-m", "trainwright", "run", JOB]
 
 
 def run_job(library: str, cfg: dict) -> dict:
-    proc = subprocess.run(
-        [*command(library), json.dumps(cfg)], capture_output=True, text=True, timeout=600, env=ENV
-    )
-    assert proc.returncode == 0, f"{library} job failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
-    with open(cfg["report"]) as f:
-        return json.load(f)
+    return lr.run_job(JOB, library, cfg)
 
 
 @pytest.fixture(scope="module")
@@ -61,27 +43,13 @@ def runs(tmp_path_factory) -> dict:
     return {"transformers": hf, "trainwright": tw, "root": root}
 
 
-def comparable(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.endswith(TIMINGS)}
-
-
 @pytest.mark.parametrize("scenario", SCENARIOS + OTHERS)
 def test_trl_trainer_runs_on_trainwright_as_on_transformers(runs, scenario):
     hf, tw = runs["transformers"][scenario], runs["trainwright"][scenario]
     assert hf["base"] == "transformers.trainer" and tw["base"] == "trainwright.loop.trainer"
-    assert len(tw["history"]) == len(hf["history"])
-    for theirs, ours in zip(hf["history"], tw["history"]):
-        theirs, ours = comparable(theirs), comparable(ours)
-        assert ours.keys() == theirs.keys()
-        for key, value in theirs.items():
-            assert ours[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (ours["step"], key)
+    lr.assert_same_history(hf["history"], tw["history"])
     assert scenario in OTHERS or any("eval_loss" in row for row in tw["history"])
-    for folder, names in hf["files"].items():
-        ours = set(tw["files"][folder])
-        assert set(names) <= ours, folder
-        assert ours - set(names) <= OWN_FILES | (
-            {"config.json", "generation_config.json"} if folder == "." else set()
-        ), folder
+    lr.assert_same_files(hf["files"], tw["files"], {"config.json", "generation_config.json"})
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS + OTHERS)
@@ -105,43 +73,8 @@ def test_sft_accumulation_is_token_exact(runs):
     assert report["max_weight_difference"] < 1e-6
 
 
-def _interrupted(tmp_path, scenario: str, sig: signal.Signals) -> subprocess.CompletedProcess:
-    cfg = {
-        "scenarios": [scenario],
-        "root": str(tmp_path / "run"),
-        "tokenizer": str(tmp_path / "tokenizer"),
-        "report": str(tmp_path / "first.json"),
-        "announce": True,
-        "pause": 0.4,
-    }
-    proc = subprocess.Popen(
-        [*command("trainwright"), json.dumps(cfg)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=ENV,
-        start_new_session=True,  # its own process group, as a cluster's job
-    )
-    assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith("SAVED 2"):
-            os.killpg(proc.pid, sig)
-            break
-    rest = proc.stdout.read()
-    proc.wait(timeout=300)
-    output = "".join(seen) + rest
-    assert any(line.startswith("SAVED 2") for line in seen), output[-4000:]
-    resumed = run_job("trainwright", {**cfg, "only_resume": True, "report": str(tmp_path / "resumed.json")})
-    return proc, resumed[scenario], output
-
-
-def _same_weights(a: str, b: str) -> None:
-    ours, theirs = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
-    assert ours.keys() == theirs.keys()
-    for k in ours:
-        assert torch.equal(ours[k], theirs[k]), k
+def _interrupted(tmp_path, scenario: str, sig: signal.Signals):
+    return lr.interrupted(JOB, tmp_path, scenario, sig, {"tokenizer": str(tmp_path / "tokenizer")})
 
 
 @pytest.mark.parametrize("scenario", ["dpo", "grpo"])
@@ -149,7 +82,7 @@ def test_trl_run_killed_after_a_checkpoint_resumes_bit_exact_in_a_new_process(ru
     proc, resumed, output = _interrupted(tmp_path, scenario, signal.SIGKILL)
     assert proc.returncode == -signal.SIGKILL, output[-3000:]
     assert resumed["global_step"] == 4
-    _same_weights(resumed["weights_file"], runs["trainwright"][scenario]["weights_file"])
+    lr.same_weights(resumed["weights_file"], runs["trainwright"][scenario]["weights_file"])
 
 
 def test_trl_run_stopped_by_sigterm_saves_and_resumes_bit_exact(runs, tmp_path):
@@ -158,4 +91,4 @@ def test_trl_run_stopped_by_sigterm_saves_and_resumes_bit_exact(runs, tmp_path):
     assert "SAVED 3" in output  # the step in progress when the signal came
     assert os.path.isfile(tmp_path / "run" / "sft_lora" / "checkpoint-3" / "adapter_model.safetensors")
     assert resumed["global_step"] == 4
-    _same_weights(resumed["weights_file"], runs["trainwright"]["sft_lora"]["weights_file"])
+    lr.same_weights(resumed["weights_file"], runs["trainwright"]["sft_lora"]["weights_file"])

@@ -51,12 +51,9 @@ def test_num_steps_sets_gradient_accumulation_steps_as_upstream():
 @pytest.mark.parametrize(
     "config, key",
     [
-        ({"use_configured_state": True}, "use_configured_state"),
         ({"non_blocking": "yes"}, "non_blocking"),
         ({"split_batches": 1}, "split_batches"),
         ({"dispatch_batches": "sometimes"}, "dispatch_batches"),
-        ({"gradient_accumulation_kwargs": {"adjust_scheduler": False}}, "gradient_accumulation_kwargs"),
-        ({"gradient_accumulation_kwargs": {"sync_with_dataloader": False}}, "gradient_accumulation_kwargs"),
         ({"gradient_accumulation_kwargs": {"num_steps": 0}}, "gradient_accumulation_kwargs"),
         ({"gradient_accumulation_kwargs": {"bogus": 1}}, "gradient_accumulation_kwargs"),
         ({"bogus": 1}, "bogus"),
@@ -65,6 +62,44 @@ def test_num_steps_sets_gradient_accumulation_steps_as_upstream():
 def test_refused_settings_name_the_key(config, key):
     with pytest.raises(ValueError, match=f"accelerator_config.*{key}"):
         make(accelerator_config=config)
+
+
+def test_settings_without_effect_in_transformers_are_accepted():
+    """transformers' Trainer steps its scheduler itself and decides where a step ends, so
+    adjust_scheduler and sync_with_dataloader change nothing there: they are accepted here too."""
+    kwargs = {"adjust_scheduler": False, "sync_with_dataloader": False}
+    cfg = make(accelerator_config={"gradient_accumulation_kwargs": kwargs}).accelerator_config
+    assert cfg.gradient_accumulation_kwargs == kwargs
+
+
+@pytest.fixture
+def accelerate_state():
+    """accelerate's PartialState of this process, made for the test and forgotten after it."""
+    state = pytest.importorskip("accelerate.state")
+    state.PartialState._reset_state()
+    yield state
+    state.PartialState._reset_state()
+
+
+def test_use_configured_state_needs_an_accelerate_state_made_first(accelerate_state, tmp_path):
+    """As transformers: without an accelerate PartialState the arguments are refused; with one they
+    are taken, and a Trainer runs on its processes (sentence-transformers builds such arguments)."""
+    with pytest.raises(ValueError, match="use_configured_state.*PartialState"):
+        make(accelerator_config={"use_configured_state": True})
+    accelerate_state.PartialState(cpu=True)
+    args = make(output_dir=str(tmp_path), accelerator_config={"use_configured_state": True}, report_to="none")
+    assert args.accelerator_config.use_configured_state is True
+    trainer = Trainer(model=_Net(), args=args)
+    assert trainer.runtime.device.type == "cpu"
+
+
+def test_use_configured_state_on_another_device_than_the_run_is_refused(accelerate_state, tmp_path):
+    accelerate_state.PartialState(cpu=True)
+    args = make(output_dir=str(tmp_path), accelerator_config={"use_configured_state": True}, report_to="none")
+    state = accelerate_state.PartialState()
+    state.__dict__["device"] = torch.device("meta")  # a state configured for another device
+    with pytest.raises(ValueError, match="configured accelerate state trains on meta"):
+        Trainer(model=_Net(), args=args)
 
 
 def test_true_false_strings_from_a_dict_are_booleans():

@@ -212,6 +212,10 @@ def test_get_warmup_steps():
         make(warmup_ratio=0.25, warmup_steps=0.5)
     with pytest.raises(ValueError, match="num_training_steps"):
         make().get_warmup_steps(-1)
+    # unset, as a library's subclass declares it (sentence-transformers: transformers 5 has no field)
+    unset = make(warmup_ratio=None, warmup_steps=0.2)
+    assert unset.warmup_ratio is None and unset.get_warmup_steps(10) == 2
+    assert make(warmup_ratio=None).get_warmup_steps(10) == 0
 
 
 # ------------------------------------------------------------------------------------ report_to

@@ -366,3 +366,38 @@ def test_sigkill_while_saving_then_resume_is_still_exact(reference, tmp_path):
 @pytest.mark.slow
 def test_sigkill_at_many_moments_then_resume_is_still_exact(reference, tmp_path):
     _kill_and_resume(reference, tmp_path, [(s, d) for s in range(2, 15, 2) for d in (0, 1, 3, 8)])
+
+
+class _OwnLoader(Trainer):
+    """A library's trainer building its own loader (sentence-transformers' batch samplers): a plain
+    torch DataLoader, no resumable sampler, a collator that draws from the global RNG (as an MLM
+    collator masks); a resumed epoch loads the batches it skips."""
+
+    def get_train_dataloader(self):
+        batches = [list(range(i, i + 4)) for i in range(0, 32, 4)]
+
+        def collate(rows):
+            batch = torch.utils.data.default_collate(rows)
+            batch["x"] = batch["x"] + 0.01 * torch.randn_like(batch["x"])  # a draw at each load
+            return batch
+
+        return torch.utils.data.DataLoader(self.train_dataset, batch_sampler=batches, collate_fn=collate)
+
+
+def test_skipped_batches_of_a_library_loader_leave_the_checkpoints_rng_as_it_was(make_args, tmp_path):
+    """Loading the skipped batches draws (the loader's base seed, the collator's noise): the step after
+    them still starts from the checkpoint's RNG state, so dropout and the noise replay exactly."""
+    from kit.models import DropoutMLP
+
+    def trainer(out: str) -> Trainer:
+        args = make_args(max_steps=6, save_strategy="steps", save_steps=2, output_dir=out, learning_rate=0.1)
+        torch.manual_seed(0)
+        return _OwnLoader(model=DropoutMLP(p=0.3), args=args, train_dataset=VectorDataset(n=32))
+
+    whole = trainer(str(tmp_path / "whole"))
+    whole.train()
+    resumed = trainer(str(tmp_path / "resumed"))
+    with pytest.warns(UserWarning, match="Skipping 2 batches by iterating"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))
+    for (name, a), b in zip(whole.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name

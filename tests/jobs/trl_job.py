@@ -18,34 +18,19 @@ LoRA: whether `del trainer` frees the model at once),
 from __future__ import annotations
 
 import gc
-import json
 import os
 import sys
-import time
 import weakref
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the shared kit
-import transformers  # noqa: E402
 import trl  # noqa: E402
 from kit import ecosystem as eco  # noqa: E402
+from kit import library_jobs as jobs  # noqa: E402
 from peft import LoraConfig  # noqa: E402
 
 
 def reward_len(completions, **kwargs):
     return [len(c) / 10 for c in completions]
-
-
-class Announce(transformers.TrainerCallback):
-    def __init__(self, pause: float) -> None:
-        self.pause = pause
-
-    def on_step_end(self, args, state, control, **kwargs):
-        time.sleep(self.pause)
-
-    def on_save(self, args, state, control, **kwargs):
-        print(f"SAVED {state.global_step}", flush=True)
 
 
 def build(scenario: str, tok, out: str, cfg: dict, **overrides):
@@ -67,9 +52,7 @@ def build(scenario: str, tok, out: str, cfg: dict, **overrides):
     )
     kw.update(overrides)
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
-    common = dict(processing_class=tok)
-    if cfg.get("announce"):
-        common["callbacks"] = [Announce(cfg.get("pause", 0.0))]
+    common = dict(processing_class=tok, callbacks=jobs.callbacks(cfg))
     if scenario.startswith("sft"):
         if scenario == "sft_pack":
             kw.update(packing=True, max_length=24)
@@ -185,76 +168,6 @@ def build_experimental(scenario: str, tok, kw: dict, common: dict):
     raise ValueError(f"unknown scenario {scenario!r}")
 
 
-def weights(trainer) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
-
-
-def same_weights(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-def folder_files(path: str) -> dict[str, list[str]]:
-    return {
-        entry: sorted(os.listdir(os.path.join(path, entry)))
-        for entry in sorted(os.listdir(path))
-        if entry.startswith("checkpoint-")
-    } | {".": sorted(os.listdir(path))}
-
-
-def file_bytes(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def weight_files_equal(a: str, b: str) -> bool:
-    names = [n for n in os.listdir(a) if n.endswith((".safetensors", ".pt", "adapter_config.json"))]
-    return bool(names) and all(
-        file_bytes(os.path.join(a, n)) == file_bytes(os.path.join(b, n)) for n in names
-    )
-
-
-def run_scenario(scenario: str, tok, cfg: dict) -> dict:
-    out = os.path.join(cfg["root"], scenario)
-    if cfg.get("only_resume"):
-        trainer = build(scenario, tok, out, cfg)
-        trainer.train(resume_from_checkpoint=True)
-        return {
-            "weights_file": save_weights(trainer, out, "resumed"),
-            "global_step": trainer.state.global_step,
-        }
-    trainer = build(scenario, tok, out, cfg)
-    trainer.train()
-    trainer.save_model()
-    report = {
-        "base": next(
-            c.__module__
-            for c in type(trainer).__mro__
-            if c.__module__.startswith(("transformers", "trainwright"))
-        ),
-        "history": trainer.state.log_history,
-        "files": folder_files(out),
-        "weights_file": save_weights(trainer, out, "final"),
-    }
-    if cfg.get("resumed"):
-        again = build(scenario, tok, out + "_resumed", cfg)
-        again.train(resume_from_checkpoint=os.path.join(out, "checkpoint-2"))
-        report["resume_exact"] = same_weights(weights(again), weights(trainer))
-    if cfg.get("async"):
-        later = build(scenario, tok, out + "_async", cfg, async_save=True)
-        later.train()
-        report["async_same_bytes"] = all(
-            weight_files_equal(os.path.join(out, c), os.path.join(out + "_async", c))
-            for c in ("checkpoint-2", "checkpoint-4")
-        )
-    return report
-
-
-def save_weights(trainer, out: str, tag: str) -> str:
-    path = os.path.join(os.path.dirname(out), f"{os.path.basename(out)}-{tag}-weights.pt")
-    torch.save(weights(trainer), path)
-    return path
-
-
 def accumulation(tok, cfg: dict) -> dict:
     """SFT, one step: a batch of 4 against two micro-batches of 2 (completions of different lengths)."""
     runs = {}
@@ -274,7 +187,7 @@ def accumulation(tok, cfg: dict) -> dict:
             optim="sgd",
         )
         trainer.train()
-        runs[ga] = (weights(trainer), trainer.state.log_history[0]["loss"])
+        runs[ga] = (jobs.weights(trainer), trainer.state.log_history[0]["loss"])
     (w1, l1), (w2, l2) = runs[1], runs[2]
     diff = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
     return {"max_weight_difference": diff, "losses": [l1, l2]}
@@ -300,17 +213,19 @@ def lifetime(tok, cfg: dict) -> dict:
     return freed
 
 
-def main(cfg: dict) -> None:
-    torch.set_num_threads(1)
+def run(cfg: dict) -> dict:
     tok = eco.tokenizer(cfg["tokenizer"])
-    report = {name: run_scenario(name, tok, cfg) for name in cfg.get("scenarios", [])}
+
+    def build_one(scenario: str, out: str, cfg: dict, **overrides):
+        return build(scenario, tok, out, cfg, **overrides)
+
+    report = {name: jobs.run_scenario(build_one, name, cfg) for name in cfg.get("scenarios", [])}
     if cfg.get("accumulation"):
         report["accumulation"] = accumulation(tok, cfg)
     if cfg.get("lifetime"):
         report["lifetime"] = lifetime(tok, cfg)
-    with open(cfg["report"], "w") as f:
-        json.dump(report, f)
+    return report
 
 
 if __name__ == "__main__":
-    main(json.loads(sys.argv[1]))
+    jobs.main(run)

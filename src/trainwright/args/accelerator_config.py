@@ -9,8 +9,12 @@ Trainer itself or refused when the arguments are built (`check`), with the reaso
   micro-batch instead of only the last of each step.
 - `split_batches`, `dispatch_batches`, `even_batches`, `use_seedable_sampler`: which process loads
   which batch, as accelerate defines them (`trainwright.data.distribute`).
-- refused: `use_configured_state=True`, `gradient_accumulation_kwargs` `adjust_scheduler=False` /
-  `sync_with_dataloader=False` (see `_REFUSED` and `check` for why).
+- `use_configured_state=True`: the processes and device are those of an accelerate `PartialState`
+  (or `Accelerator`) the script made before the arguments; without one, the arguments are refused
+  as transformers refuses them (`process_state.check_configured_state`).
+- `gradient_accumulation_kwargs` `adjust_scheduler` / `sync_with_dataloader`: accepted, with
+  transformers' effect, none: its Trainer steps its scheduler itself, once per optimizer step, and
+  decides itself where a step ends (the last, shorter step of an epoch updates the weights).
 
 Given as a dict (or JSON), "true"/"false" strings of the True/False settings are read as booleans,
 as transformers reads them from a command line's JSON.
@@ -27,14 +31,6 @@ __all__ = ["AcceleratorConfig"]
 
 _GRAD_ACC_KEYS = ("num_steps", "adjust_scheduler", "sync_with_dataloader", "sync_each_batch")
 
-# (key, refused value, why)
-_REFUSED = (
-    (
-        "use_configured_state",
-        True,
-        "trainwright does not use an accelerate AcceleratorState",
-    ),
-)
 _BOOL_KEYS = ("split_batches", "even_batches", "use_seedable_sampler", "non_blocking", "use_configured_state")
 
 
@@ -106,9 +102,6 @@ class AcceleratorConfig(Mapping):
                 raise bad(key, "expected True or False")
         if self.dispatch_batches is not None and not isinstance(self.dispatch_batches, bool):
             raise bad("dispatch_batches", "expected None, True or False")
-        for key, refused, why in _REFUSED:
-            if self[key] is refused:
-                raise bad(key, f"not supported: {why}")
         kwargs = self.gradient_accumulation_kwargs
         if kwargs is None:
             return
@@ -128,17 +121,6 @@ class AcceleratorConfig(Mapping):
         for key in ("adjust_scheduler", "sync_with_dataloader", "sync_each_batch"):
             if key in kwargs and not isinstance(kwargs[key], bool):
                 raise bad("gradient_accumulation_kwargs", f"{key} must be True or False")
-        if kwargs.get("adjust_scheduler") is False:
-            raise bad(
-                "gradient_accumulation_kwargs",
-                "adjust_scheduler=False is not supported: the schedule always advances once per optimizer step",
-            )
-        if kwargs.get("sync_with_dataloader") is False:
-            raise bad(
-                "gradient_accumulation_kwargs",
-                "sync_with_dataloader=False is not supported: the last, shorter step of an epoch always "
-                "updates the weights",
-            )
 
     @property
     def sync_each_batch(self) -> bool:

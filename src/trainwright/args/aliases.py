@@ -25,7 +25,8 @@ V4_V5_CHOICES: dict[str, str] = {
     "lr_scheduler_kwargs": "Default {} (v4) rather than None (v5), so v4 code that updates the dict keeps working.",
     "warmup_steps": "v5 semantics: an int is a step count, a float in (0, 1) a fraction of the training steps.",
     "warmup_ratio": "Kept from v4 (warns once when non-zero): used when warmup_steps is 0. Giving it together "
-    "with a fractional warmup_steps is an error; an integer warmup_steps > 0 wins, as in v4.",
+    "with a fractional warmup_steps is an error; an integer warmup_steps > 0 wins, as in v4. None is unset "
+    "(sentence-transformers declares it so).",
     "include_num_input_tokens_seen": 'Default "no" (v5); v4 booleans are coerced (True -> "all", False -> "no").',
     "activation_checkpointing": "v5 name; gradient_checkpointing (v4) is its alias and mirrors it after "
     "construction. When both are given, the v5 name wins.",
@@ -42,7 +43,9 @@ V4_V5_CHOICES: dict[str, str] = {
     "JSON string, JSON file path or transformers' AcceleratorConfig is read; unknown keys are an error. "
     "non_blocking, gradient_accumulation_kwargs (num_steps, sync_each_batch), split_batches, dispatch_batches, "
     "even_batches and use_seedable_sampler are honoured (the data settings as accelerate defines them, see "
-    '"accelerator_config data settings"); "true"/"false" strings are booleans; use_configured_state is refused.',
+    '"accelerator_config data settings"); "true"/"false" strings are booleans; use_configured_state=True takes '
+    "the processes of an accelerate PartialState made first (refused without one, as upstream); "
+    "adjust_scheduler and sync_with_dataloader are accepted with upstream's effect, none.",
     "fsdp": 'Normalised to a list of FSDPOption words (v4 style); True means ["full_shard"]. FSDP runs on '
     'PyTorch\'s FSDP2 (fully_shard); fsdp_config keys lose a leading "fsdp_".',
     "debug": "Normalised to a list of DebugOption (a space-separated string is split), as in both versions.",

@@ -127,3 +127,50 @@ def start_accelerate_state(args: Any) -> None:
 
     if not PartialState._shared_state:
         PartialState(cpu=args.use_cpu)
+
+
+def check_configured_state(args: Any) -> None:
+    """`accelerator_config` `use_configured_state=True`: the run's processes and device are those of
+    the accelerate `PartialState` (or `Accelerator`) made before the arguments. Without one the
+    arguments are refused, as transformers refuses them; one that disagrees with the processes
+    trainwright trains on (another device, another world size) is refused naming both."""
+    if not getattr(args.accelerator_config, "use_configured_state", False):
+        return
+    state = _configured_state()
+    if state is None:
+        raise ValueError(
+            f"{type(args).__name__}: accelerator_config['use_configured_state']=True needs an accelerate "
+            "`PartialState` or `Accelerator` made before the arguments; make one first, or leave "
+            "use_configured_state False (the default)"
+        )
+    if args.deepspeed and state.distributed_type != "DEEPSPEED":  # a str enum
+        raise ValueError(
+            f"{type(args).__name__}: accelerator_config['use_configured_state']=True with `deepspeed`, but the "
+            f"configured accelerate state is {state.distributed_type}, not DeepSpeed; leave use_configured_state "
+            "False or configure accelerate for DeepSpeed"
+        )
+
+
+def _configured_state() -> Any:
+    """accelerate's `PartialState` where one was made in this process, else None."""
+    if "accelerate" not in sys.modules:
+        return None
+    from accelerate.state import PartialState
+
+    return PartialState() if PartialState._shared_state else None
+
+
+def configured_state_agrees(args: Any, runtime: Any) -> None:
+    """With `use_configured_state=True`, the accelerate state's device and processes are the runtime's."""
+    state = _configured_state() if getattr(args.accelerator_config, "use_configured_state", False) else None
+    if state is None:
+        return
+    theirs = (state.device.type, state.num_processes)
+    ours = (runtime.device.type, runtime.world_size)
+    if theirs != ours:
+        raise ValueError(
+            f"{type(args).__name__}: accelerator_config['use_configured_state']=True, but the configured "
+            f"accelerate state trains on {theirs[0]} with {theirs[1]} processes and this run on {ours[0]} with "
+            f"{ours[1]}; configure accelerate as the run is launched (use_cpu, the launcher), or leave "
+            "use_configured_state False"
+        )

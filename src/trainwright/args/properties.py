@@ -24,7 +24,7 @@ def warmup_steps(args: Any, num_training_steps: int) -> int:
     elif args.warmup_steps > 0:
         return int(args.warmup_steps)
     else:
-        fraction = args.warmup_ratio
+        fraction = args.warmup_ratio or 0.0  # None: unset
     return math.ceil(num_training_steps * fraction)
 
 

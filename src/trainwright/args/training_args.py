@@ -124,8 +124,8 @@ class TrainingArguments:
         None, "Extra schedule arguments (dict or JSON string).", factory=dict
     )
     warmup_steps: float = _arg(0, "Warmup steps (int), or a fraction of the training steps (float < 1).")
-    warmup_ratio: float = _arg(
-        0.0, "v4: warmup as a fraction of the training steps (used if warmup_steps is 0)."
+    warmup_ratio: float | None = _arg(
+        0.0, "v4: warmup as a fraction of the training steps (used if warmup_steps is 0; None: unset)."
     )
     label_smoothing_factor: float = _arg(0.0, "Label smoothing epsilon (0 disables it).")
     average_tokens_across_devices: bool = _arg(
@@ -336,6 +336,7 @@ class TrainingArguments:
         validation.validate(self)
         if not type(self).__module__.startswith("trainwright."):  # a library's config (TRL's)
             process_state.start_accelerate_state(self)
+        process_state.check_configured_state(self)
 
     # ---------------------------------------------------------------------------- serialisation
 

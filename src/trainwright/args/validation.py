@@ -433,8 +433,10 @@ def _resolve_warmup(args: Any) -> None:
         args.warmup_steps = int(args.warmup_steps)
     elif args.warmup_steps == 0:
         args.warmup_steps = 0
+    if args.warmup_ratio is None:  # unset (a library's subclass declares it so, as v5 has no field)
+        return
     if not is_number(args.warmup_ratio) or not 0 <= args.warmup_ratio <= 1:
-        raise invalid(args, "warmup_ratio", "expected a fraction in [0, 1]")
+        raise invalid(args, "warmup_ratio", "expected a fraction in [0, 1] (or None: unset)")
     if args.warmup_ratio > 0:
         warn_once(
             "warmup_ratio", "warmup_ratio is the v4 name; v5 takes a fraction in warmup_steps (e.g. 0.1)."

@@ -340,7 +340,9 @@ class DataState:
         cursor.steps_in_epoch = run.cursor.steps_in_epoch
         loader_batch = getattr(run.dataloader, "batch_size", None)  # a subclass's loader may batch otherwise
         batch = run.geometry[0] if run.geometry else loader_batch or args.per_device_train_batch_size
-        resume.rescale_position(cursor, saved, run.runtime.data_world_size, batch)
+        resume.rescale_position(
+            cursor, saved, run.runtime.data_world_size, batch, args.per_device_train_batch_size
+        )
         return cursor
 
     def _micro_left(self, cursor: LoopCursor) -> int:

@@ -267,10 +267,16 @@ def say_geometry_change(
     return True
 
 
-def rescale_position(cursor: LoopCursor, data_state: dict, world_size: int, batch_size: int) -> None:
+def rescale_position(
+    cursor: LoopCursor, data_state: dict, world_size: int, batch_size: int, per_device_batch: int
+) -> None:
     """The saved position on this run's geometry: per-process counts rescaled to this number of
-    processes (the sampler deals one global order), the epoch's micro-batches counted in this batch size."""
+    processes (the sampler deals one global order), the epoch's micro-batches counted in this batch
+    size. In the saved geometry (the same processes and `per_device_batch`), the saved count of
+    micro-batches stands: a library's own loader may batch otherwise than the arguments say."""
     old, new = data_state.get("world_size", 1), world_size
+    if old == new and data_state.get("per_device_train_batch_size") == per_device_batch:
+        return
     if old != new:
         consumed = cursor.samples_in_epoch * old  # the global position in this epoch's order
         if consumed % new:

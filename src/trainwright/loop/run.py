@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from trainwright import data as data_utils
+from trainwright.checkpoint.rng import capture_rng_state, restore_rng_state
 from trainwright.core.state import LoopCursor, TrainerControl, TrainerState
 from trainwright.distributed.engine import Engine
 from trainwright.distributed.engines import build_engine
@@ -34,6 +35,7 @@ from trainwright.distributed.preemption import PreemptionGuard
 from trainwright.loop import plugins
 from trainwright.loop.divergence import Divergence
 from trainwright.loop.plugins import PlugIn
+from trainwright.loop.train_mode import TrainMode
 from trainwright.modeling.loss import LossWindow, WindowReading, batch_size
 from trainwright.modeling.step_weights import StepWeights
 from trainwright.observe.flops import non_embedding_parameters
@@ -83,7 +85,7 @@ class TrainingRun:
         "divergence",
         "custom_lse",
         "metric_scheduler",
-        "optimizer_train",
+        "train_mode",
         "zero_grad",
         "step_micro_batches",
         "step_position",
@@ -145,7 +147,7 @@ class TrainingRun:
         self.divergence = Divergence()  # the first non-finite step, the last checkpoint before it
         self.custom_lse = False  # a subclass overrides _maybe_log_save_evaluate: called every step
         self.metric_scheduler = False  # the scheduler steps on the evaluation metric, not per step
-        self.optimizer_train: Callable[[], Any] = _nothing  # schedule-free: back to training weights
+        self.train_mode = TrainMode()  # model.train() (and a schedule-free optimizer's) per micro-batch
         self.zero_grad: Callable[[], None] = _nothing  # the optimizer's, bound in start()
         # the step being taken: its micro-batches, and how many of them advance() has counted
         self.step_micro_batches = self.step_position = 0
@@ -168,8 +170,7 @@ class TrainingRun:
         self.input_tokens_at_start = state.num_input_tokens_seen
         self.losses.load(cursor.loss_window)
         self.metric_scheduler, self.custom_lse = metric_scheduler, custom_lse
-        train = getattr(optimizer, "train", None)  # looked up once: a miss costs ~0.5 us a step
-        self.optimizer_train = train if callable(train) else _nothing
+        self.train_mode = TrainMode(optimizer)
         self._attached = plugins.around_run(added, self.engine.module, state)
         self.zero_grad = grads_to_none(optimizer)
         self.zero_grad()
@@ -225,14 +226,13 @@ class TrainingRun:
         skip = 0 if self.iterable_restored else self.cursor.batch_in_epoch
         self.iterable_restored = False
         if skip:
-            return data_utils.skip_iterable(dataloader, skip)
+            # the checkpoint's RNG state is where the step after the skipped batches starts: what
+            # loading them draws (a loader's base seed, a collator's masks) must not move it
+            rng = capture_rng_state()
+            batches = data_utils.skip_iterable(dataloader, skip)
+            restore_rng_state(rng)
+            return batches
         return data_utils.iterate_epoch(dataloader, from_start=self.cursor.batch_in_epoch == 0)
-
-    def train_mode(self, model: nn.Module) -> None:
-        """Model (and a schedule-free optimizer) in training mode: after an evaluation they are not."""
-        if not model.training:  # calling train() every step costs ~50 us
-            model.train()
-        self.optimizer_train()
 
     def begin_step(self, micro_batches: list) -> int:
         """A step of these micro-batches starts; the index of its last one."""

@@ -20,7 +20,7 @@ from torch import nn
 
 from trainwright.args.training_args import TrainingArguments
 from trainwright.checkpoint.rng import capture_rng_state, restore_rng_state
-from trainwright.core.seed import set_seed
+from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import TrainerState
 from trainwright.distributed.engine import load_weights
 from trainwright.distributed.output_lock import claim_output_dir
@@ -58,11 +58,13 @@ class Trainer(TrainerAPI):
         self.is_in_train = True
         self._memory_tracker.start("train")
         if self.model_init is not None:  # a fresh model for each call (each search trial)
-            set_seed(args.seed)
+            if args.full_determinism:
+                enable_full_determinism(args.seed)
+            else:
+                set_seed(args.seed)
             self.model = self.model_wrapped = self._place(self.call_model_init(trial))
-            self.label_names, self.can_return_loss, self.label_smoother, self._loss_facts = (
-                self._model_facts()
-            )
+            # label names, can_return_loss and the smoother stay __init__'s, as upstream
+            self._loss_facts = self._model_loss_facts()
             self.optimizer, self.lr_scheduler = None, None
         if self._created_scheduler:
             self.lr_scheduler = None  # a scheduler the Trainer made is re-made for each train()

@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.data import Dataset, IterableDataset
 
 from trainwright import data as data_utils
-from trainwright.args import foreign
+from trainwright.args import foreign, process_state
 from trainwright.args.training_args import TrainingArguments
 from trainwright.callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCallback
 from trainwright.core.enums import DebugOption
@@ -122,6 +122,7 @@ class TrainerSetup:
             warnings.warn("`tokenizer` is deprecated: pass `processing_class`.", FutureWarning, stacklevel=2)
             processing_class = processing_class if processing_class is not None else tokenizer
         self.runtime = get_runtime(use_cpu=args.use_cpu, backend=args.ddp_backend, timeout_s=args.ddp_timeout)
+        process_state.configured_state_agrees(args, self.runtime)
         self._accelerator = RuntimeAccelerator(self)
         accelerate_state.share_with_accelerate(args, self.runtime)  # for libraries that read it (TRL)
         # parallelism_config's DeviceMesh, or the layout of a model loaded already sharded: this Trainer's
@@ -211,7 +212,8 @@ class TrainerSetup:
 
     def _model_facts(self) -> tuple[list[str], bool, LabelSmoother | None, LossFacts]:
         """(label_names, can_return_loss, label_smoother, loss facts) of `self.model`, as upstream
-        derives them in `__init__` (again for each model `model_init` builds)."""
+        derives them in `__init__` (once: a model `model_init` builds in `train()` gets only its
+        loss facts and `use_cache`, `_model_loss_facts`)."""
         model, args = self.model, self.args
         label_names = list(args.label_names) if args.label_names is not None else self._find_labels(model)
         eps = args.label_smoothing_factor
@@ -227,9 +229,14 @@ class TrainerSetup:
                 stacklevel=3,
             )
             smoother = None
+        return label_names, "return_loss" in _forward_params(model), smoother, self._model_loss_facts()
+
+    def _model_loss_facts(self) -> LossFacts:
+        """What the accumulation needs of `self.model` (`LossFacts`); its config's `use_cache` set."""
+        model = self.model
         if getattr(model, "config", None) is not None and hasattr(model.config, "use_cache"):
-            model.config.use_cache = args.use_cache
-        return label_names, "return_loss" in _forward_params(model), smoother, LossFacts.of(model)
+            model.config.use_cache = self.args.use_cache
+        return LossFacts.of(model)
 
     @staticmethod
     def _find_labels(model: nn.Module) -> list[str]:
