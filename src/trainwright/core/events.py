@@ -148,19 +148,39 @@ _EVENT_KWARGS = (
 )
 
 
+# The handler's methods a library may replace (setfit assigns its own `call_event` to the instance)
+_ROUTES = frozenset(("call_event", *EVENTS))
+# trainwright's own events, which upstream's handler never sends through `call_event`
+_OWN_EVENTS = frozenset(("on_pre_log",))
+
+
+def _replaces_routes(cls: type) -> bool:
+    """Whether a subclass of the handler overrides `call_event` or an `on_<event>`."""
+    return any(getattr(cls, name) is not getattr(CallbackHandler, name) for name in _ROUTES)
+
+
 class CallbackHandler(TrainerCallback):
-    """Holds the callbacks and calls, per event, only those that override it, in list order."""
+    """Holds the callbacks and calls, per event, only those that override it, in list order.
+
+    Where a library replaces `call_event` or an `on_<event>` of the handler (on its class or on the
+    instance, as setfit does), every event goes through the handler's `on_<event>` and `call_event`,
+    as upstream's Trainer sends them, so the replacement runs."""
 
     _event_kwargs: dict[str, Any] | None = None  # built on first use, dropped when one changes
+    _routed = False  # call_event or an on_<event> replaced: events go through them
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
         if name in _EVENT_KWARGS:
             object.__setattr__(self, "_event_kwargs", None)
+        elif name in _ROUTES:
+            object.__setattr__(self, "_routed", True)
+            self._refresh()
 
     def __init__(self, callbacks, model, processing_class, optimizer, lr_scheduler):
         self.callbacks: list[TrainerCallback] = []
         self._listeners: dict[str, list[TrainerCallback]] = {}
+        self._routed = type(self) is not CallbackHandler and _replaces_routes(type(self))
         for cb in callbacks or []:
             self.add_callback(cb)
         self._refresh()  # every event has its (maybe empty) list, even with no callback
@@ -184,7 +204,8 @@ class CallbackHandler(TrainerCallback):
     def _refresh(self) -> None:
         self._listeners = {e: [cb for cb in self.callbacks if _overrides(cb, e)] for e in EVENTS}
         # events with nothing to do: no listener and no flag to reset (the Trainer skips their call)
-        self.quiet = frozenset(e for e, cbs in self._listeners.items() if not cbs and e not in _RESETS)
+        quiet = (e for e, cbs in self._listeners.items() if not cbs and e not in _RESETS)
+        self.quiet = frozenset() if self._routed else frozenset(quiet)
 
     def add_callback(self, callback) -> None:
         cb = callback() if isinstance(callback, type) else callback
@@ -223,13 +244,20 @@ class CallbackHandler(TrainerCallback):
 
     # -- dispatch ---------------------------------------------------------------------------
     def call_event(self, event: str, args, state: TrainerState, control: TrainerControl, **kwargs):
-        return self.dispatch(event, args, state, control, kwargs)
+        return self._call(event, args, state, control, kwargs)
 
     def dispatch(
         self, event: str, args, state: TrainerState, control: TrainerControl, extra: dict | None = None
     ):
         """`call_event` with the extra keyword arguments as a dict: a call CPython can specialize
-        (a `**kwargs` signature is not), which the Trainer's per-step events use."""
+        (a `**kwargs` signature is not), which the Trainer's per-step events use. With a replaced
+        `call_event` or `on_<event>`, the event goes through the handler's `on_<event>`."""
+        if self._routed and event not in _OWN_EVENTS:
+            return getattr(self, event)(args, state, control, **(extra or {}))
+        return self._call(event, args, state, control, extra)
+
+    def _call(self, event: str, args, state: TrainerState, control: TrainerControl, extra: dict | None):
+        """Reset the event's flags, then call its listeners in order."""
         reset = _RESETS.get(event)
         if reset is not None:
             reset(control)
@@ -250,57 +278,63 @@ class CallbackHandler(TrainerCallback):
     def on_init_end(self, args, state, control, **kwargs):
         return self.call_event("on_init_end", args, state, control)
 
+    # The resets come before call_event, as upstream's: a replaced call_event gets reset flags
     def on_train_begin(self, args, state, control, **kwargs):
+        control.should_training_stop = False
         return self.call_event("on_train_begin", args, state, control)
 
     def on_train_end(self, args, state, control, **kwargs):
         return self.call_event("on_train_end", args, state, control)
 
     def on_epoch_begin(self, args, state, control, **kwargs):
+        control.should_epoch_stop = False
         return self.call_event("on_epoch_begin", args, state, control)
 
     def on_epoch_end(self, args, state, control, **kwargs):
         return self.call_event("on_epoch_end", args, state, control)
 
     def on_step_begin(self, args, state, control, **kwargs):
-        if not self._listeners["on_step_begin"]:  # every step: the resets without a call_event
-            control.should_log = control.should_evaluate = control.should_save = False
+        control.should_log = control.should_evaluate = control.should_save = False
+        if not self._listeners["on_step_begin"] and not self._routed:  # every step: no call_event
             return control
         return self.call_event("on_step_begin", args, state, control)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        if not self._listeners["on_pre_optimizer_step"]:  # every step: no call for no listener
+        if not self._listeners["on_pre_optimizer_step"] and not self._routed:  # every step: no call for no listener
             return control
         return self.call_event("on_pre_optimizer_step", args, state, control)
 
     def on_optimizer_step(self, args, state, control, **kwargs):
-        if not self._listeners["on_optimizer_step"]:  # every step: no call for no listener
+        if not self._listeners["on_optimizer_step"] and not self._routed:  # every step: no call for no listener
             return control
         return self.call_event("on_optimizer_step", args, state, control)
 
     def on_substep_end(self, args, state, control, **kwargs):
-        if not self._listeners["on_substep_end"]:  # every step: no call for no listener
+        if not self._listeners["on_substep_end"] and not self._routed:  # every step: no call for no listener
             return control
         return self.call_event("on_substep_end", args, state, control)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if not self._listeners["on_step_end"]:  # every step: no call for no listener
+        if not self._listeners["on_step_end"] and not self._routed:  # every step: no call for no listener
             return control
         return self.call_event("on_step_end", args, state, control)
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        control.should_evaluate = False
         return self.call_event("on_evaluate", args, state, control, metrics=metrics)
 
     def on_predict(self, args, state, control, metrics=None, **kwargs):
         return self.call_event("on_predict", args, state, control, metrics=metrics)
 
     def on_save(self, args, state, control, **kwargs):
+        control.should_save = False
         return self.call_event("on_save", args, state, control)
 
     def on_pre_log(self, args, state, control, logs=None, **kwargs):
-        return self.call_event("on_pre_log", args, state, control, logs=logs)
+        return self._call("on_pre_log", args, state, control, {"logs": logs})  # not upstream's: no call_event
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        control.should_log = False
         return self.call_event("on_log", args, state, control, logs=logs)
 
     def on_prediction_step(self, args, state, control, **kwargs):
