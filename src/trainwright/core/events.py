@@ -300,22 +300,22 @@ class CallbackHandler(TrainerCallback):
         return self.call_event("on_step_begin", args, state, control)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        if not self._listeners["on_pre_optimizer_step"] and not self._routed:  # every step: no call for no listener
+        if not self._listeners["on_pre_optimizer_step"] and not self._routed:  # every step: no call
             return control
         return self.call_event("on_pre_optimizer_step", args, state, control)
 
     def on_optimizer_step(self, args, state, control, **kwargs):
-        if not self._listeners["on_optimizer_step"] and not self._routed:  # every step: no call for no listener
+        if not self._listeners["on_optimizer_step"] and not self._routed:  # every step: no call
             return control
         return self.call_event("on_optimizer_step", args, state, control)
 
     def on_substep_end(self, args, state, control, **kwargs):
-        if not self._listeners["on_substep_end"] and not self._routed:  # every step: no call for no listener
+        if not self._listeners["on_substep_end"] and not self._routed:  # every step: no call
             return control
         return self.call_event("on_substep_end", args, state, control)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if not self._listeners["on_step_end"] and not self._routed:  # every step: no call for no listener
+        if not self._listeners["on_step_end"] and not self._routed:  # every step: no call
             return control
         return self.call_event("on_step_end", args, state, control)
 
