@@ -9,7 +9,7 @@ import dataclasses
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union
+from typing import Literal, Union
 
 import pytest
 from args_kit import Choices, Color, Containers, Flags, Model, Scalars, Train, parse
@@ -347,3 +347,43 @@ def test_default_argv_is_sys_argv(monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "argv", [str(tmp_path / "prog.py"), "--epochs", "4"])
     (t,) = HfArgumentParser(Train).parse_args_into_dataclasses()
     assert t.epochs == 4
+
+
+def test_a_union_of_str_and_several_types_is_read_as_text_as_upstream():
+    """sentence-transformers' `prompts: Union[str, None, dict[str, str], dict[str, dict[str, str]]]` and
+    transformers' `trackio_static_space_id: Union[str, None, Literal[False]]`: the text as given (the
+    dataclass parses a JSON object itself)."""
+
+    @dataclass
+    class Library:
+        prompts: Union[str, None, dict[str, str], dict[str, dict[str, str]]] = None  # noqa: UP007
+        space: Union[str, None, Literal[False]] = None  # noqa: UP007
+
+    (got,) = HfArgumentParser(Library).parse_args_into_dataclasses(
+        ["--prompts", '{"q": "query: "}', "--space", "s"]
+    )
+    assert got.prompts == '{"q": "query: "}' and got.space == "s"
+    (default,) = HfArgumentParser(Library).parse_args_into_dataclasses([])
+    assert default.prompts is None and default.space is None
+
+
+@pytest.mark.parametrize("parser_module", ["transformers.hf_argparser", "trl.scripts._hf_argparser"])
+def test_upstreams_parsers_read_trainwrights_arguments(parser_module):
+    """TRL's scripts parse their configs with their own copy of transformers' parser: every field of
+    trainwright's arguments is declared so that it reads them, as it reads transformers'."""
+    from trainwright import Seq2SeqTrainingArguments, TrainingArguments
+
+    module = pytest.importorskip(parser_module)
+    for cls in (TrainingArguments, Seq2SeqTrainingArguments):
+        (args,) = module.HfArgumentParser(cls).parse_args_into_dataclasses(
+            [
+                "--output_dir",
+                "x",
+                "--lr_scheduler_kwargs",
+                '{"num_cycles": 2}',
+                "--gradient_checkpointing",
+                "true",
+            ]
+        )
+        assert isinstance(args, cls) and args.lr_scheduler_kwargs == {"num_cycles": 2}
+        assert args.gradient_checkpointing is True and args.activation_checkpointing is True

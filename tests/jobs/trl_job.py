@@ -29,10 +29,6 @@ from kit import library_jobs as jobs  # noqa: E402
 from peft import LoraConfig  # noqa: E402
 
 
-def reward_len(completions, **kwargs):
-    return [len(c) / 10 for c in completions]
-
-
 def build(scenario: str, tok, out: str, cfg: dict, **overrides):
     kw = dict(
         output_dir=out,
@@ -91,7 +87,7 @@ def build(scenario: str, tok, out: str, cfg: dict, **overrides):
         args = trl.GRPOConfig(**kw)
         return trl.GRPOTrainer(
             model=eco.llama(tok),
-            reward_funcs=reward_len,
+            reward_funcs=eco.reward_len,
             args=args,
             train_dataset=eco.prompts(),
             eval_dataset=eco.prompts(8, 9),
@@ -121,7 +117,7 @@ def build_more(scenario: str, tok, kw: dict, common: dict):
     if scenario == "rloo":
         args = trl.RLOOConfig(**kw, num_generations=4, max_completion_length=8, beta=0.0)
         return trl.RLOOTrainer(
-            model=eco.llama(tok), reward_funcs=reward_len, args=args, train_dataset=eco.prompts(), **common
+            model=eco.llama(tok), reward_funcs=eco.reward_len, args=args, train_dataset=eco.prompts(), **common
         )
     if scenario == "distillation":
         args = trl.DistillationConfig(**kw, max_completion_length=8)

@@ -87,6 +87,11 @@ def llama_classifier(tok, seed: int = 0, num_labels: int = 1):
     return LlamaForSequenceClassification(llama_config(**_fields(tok), num_labels=num_labels))
 
 
+def reward_len(completions, **kwargs):
+    """A Python reward function (GRPO, RLOO): longer completions score higher."""
+    return [len(c) / 10 for c in completions]
+
+
 def _sums(n: int, seed: int) -> list[tuple[int, int]]:
     r = random.Random(seed)
     return [(r.randint(0, 9), r.randint(0, 9)) for _ in range(n)]

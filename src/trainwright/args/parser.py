@@ -95,7 +95,8 @@ class _Conversion:
 
 
 def _split_union(where: str, hint: Any) -> tuple[Any, bool, bool]:
-    """Reduce ``X | None`` and ``X | str`` to X; return (X, is_optional, accepts_str)."""
+    """Reduce ``X | None`` and ``X | str`` to X, a union of str and several others to str; return
+    (X, is_optional, accepts_str)."""
     if typing.get_origin(hint) not in (Union, types.UnionType):
         return hint, False, hint is str
     members = typing.get_args(hint)
@@ -105,8 +106,14 @@ def _split_union(where: str, hint: Any) -> tuple[Any, bool, bool]:
         return non_none[0], optional, non_none[0] is str
     if len(non_none) == 2 and str in non_none:
         other = non_none[0] if non_none[1] is str else non_none[1]
+        if typing.get_origin(other) is Literal and all(isinstance(v, bool) for v in typing.get_args(other)):
+            return str, optional, True  # `str | Literal[False]`: a text, or the flag value the code sets
         return other, optional, True
-    raise TypeError(f"{where}: the union type {hint} is not supported; use Optional[X], X | None or X | str")
+    if str in non_none:  # str among several types: the text as given, as upstream (the dataclass decides)
+        return str, optional, True
+    raise TypeError(
+        f"{where}: the union type {hint} is not supported; use Optional[X], X | None, X | str or a union with str"
+    )
 
 
 def _choice_text(choice: Any) -> str:

@@ -23,7 +23,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Union
 
 import torch
 
@@ -120,7 +120,7 @@ class TrainingArguments:
         None, "Modules targeted by the optimizer, if it needs them."
     )
     lr_scheduler_type: SchedulerType | str = _arg("linear", "Learning-rate schedule.")
-    lr_scheduler_kwargs: dict[str, Any] | str | None = _arg(
+    lr_scheduler_kwargs: dict | str | None = _arg(
         None, "Extra schedule arguments (dict or JSON string).", factory=dict
     )
     warmup_steps: float = _arg(0, "Warmup steps (int), or a fraction of the training steps (float < 1).")
@@ -150,7 +150,7 @@ class TrainingArguments:
     activation_checkpointing_kwargs: dict[str, Any] | str | None = _arg(
         None, "Arguments of activation checkpointing (dict or JSON string)."
     )
-    gradient_checkpointing: bool = _arg(False, "v4 name of activation_checkpointing.")
+    gradient_checkpointing: bool | None = _arg(None, "v4 name of activation_checkpointing.")
     gradient_checkpointing_kwargs: dict[str, Any] | str | None = _arg(
         None, "v4 name of activation_checkpointing_kwargs."
     )
@@ -196,7 +196,9 @@ class TrainingArguments:
     project: str = _arg("huggingface", "Trackio project (refused: no trackio reporter).")
     trackio_space_id: str | None = _arg(None, "Trackio Space id (refused: no trackio reporter).")
     trackio_bucket_id: str | None = _arg(None, "Trackio bucket id (refused: no trackio reporter).")
-    trackio_static_space_id: str | bool | None = _arg(None, "Trackio static Space id (refused).")
+    trackio_static_space_id: Union[str, None, Literal[False]] = _arg(
+        None, "Trackio static Space id (refused)."
+    )  # noqa: UP007
 
     # -- evaluation ------------------------------------------------------------------------------------
     eval_strategy: IntervalStrategy | str = _arg("no", "When to evaluate: no, steps or epoch.")
@@ -284,8 +286,8 @@ class TrainingArguments:
     ddp_static_graph: bool | None = _arg(None, "DDP static_graph.")
     fsdp: list[str] | str | None = _arg(None, 'FSDP options, e.g. "full_shard auto_wrap".')
     fsdp_config: dict[str, Any] | str | None = _arg(None, "FSDP settings (dict, JSON string or JSON file).")
-    deepspeed: dict[str, Any] | str | None = _arg(None, "DeepSpeed config (dict, JSON string or file path).")
-    accelerator_config: dict[str, Any] | str | None = _arg(None, "Accelerator settings (dict, JSON or file).")
+    deepspeed: dict | str | None = _arg(None, "DeepSpeed config (dict, JSON string or file path).")
+    accelerator_config: dict | str | None = _arg(None, "Accelerator settings (dict, JSON or file).")
     parallelism_config: Any | None = _arg(
         None,
         "N-D parallel layout: accelerate's ParallelismConfig or a dict of dp_replicate_size, dp_shard_size, "
