@@ -117,7 +117,11 @@ def build_more(scenario: str, tok, kw: dict, common: dict):
     if scenario == "rloo":
         args = trl.RLOOConfig(**kw, num_generations=4, max_completion_length=8, beta=0.0)
         return trl.RLOOTrainer(
-            model=eco.llama(tok), reward_funcs=eco.reward_len, args=args, train_dataset=eco.prompts(), **common
+            model=eco.llama(tok),
+            reward_funcs=eco.reward_len,
+            args=args,
+            train_dataset=eco.prompts(),
+            **common,
         )
     if scenario == "distillation":
         args = trl.DistillationConfig(**kw, max_completion_length=8)
