@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 from kit import ecosystem as eco
@@ -115,3 +116,27 @@ def test_trls_script_runs_on_trainwright_as_on_transformers_and_resumes_exactly(
     )
     whole, again = _weights(str(tmp_path / "tw")), _weights(resumed)
     assert whole.keys() == again.keys() and all((whole[k] == again[k]).all() for k in whole), script
+
+
+def test_trls_cli_relaunched_through_accelerate_trains_on_trainwright(tmp_path, inputs):
+    """`trl sft ...` re-launches TRL's script through `accelerate launch` in a new Python process;
+    under `trainwright run trl sft ...` that process trains on trainwright too (its checkpoints carry
+    trainwright's manifest), and logs what `trl sft` on transformers logs."""
+    bin_dir = os.path.dirname(sys.executable)
+    env = {**lr.env(), "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")])}
+    data, own = EXTRA["sft"]
+    args = ["sft", "--model_name_or_path", inputs["model"], "--dataset_name", inputs[data], *COMMON, *own]
+    runs = {
+        "transformers": [os.path.join(bin_dir, "trl")],
+        "trainwright": [sys.executable, "-m", "trainwright", "run", "trl"],
+    }
+    for library, command in runs.items():
+        out = str(tmp_path / library)
+        proc = subprocess.run(
+            [*command, *args, "--output_dir", out], capture_output=True, text=True, timeout=600, env=env
+        )
+        assert proc.returncode == 0, f"trl sft on {library} failed:\n{proc.stderr[-5000:]}"
+    ours = tmp_path / "trainwright" / "checkpoint-2"
+    assert (ours / "checkpoint_complete.json").is_file() and (ours / "data_state.json").is_file()
+    assert not (tmp_path / "transformers" / "checkpoint-2" / "data_state.json").exists()
+    lr.assert_same_history(_history(str(tmp_path / "transformers")), _history(str(tmp_path / "trainwright")))
