@@ -212,3 +212,18 @@ def test_loss_window_reads_once_and_reports_nonfinite():
         window.add(step, torch.tensor(value))
     total, nonfinite = window.step_sum(3, get_runtime(use_cpu=True), filter_nonfinite=True)
     assert (total, nonfinite) == (6.0, 1)  # the inf step counts as the mean of the finite ones
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a machine without a GPU")
+@pytest.mark.parametrize("field", ["bf16", "bf16_full_eval"])
+def test_bf16_on_the_cpu_without_use_cpu_is_refused_as_transformers_refuses_it(tmp_path, field):
+    """A TRL config turns bf16 on by default: on a CPU-only machine transformers refuses to start
+    (unless use_cpu=True, where the CPU autocasts in bfloat16); trainwright refuses alike."""
+    transformers = pytest.importorskip("transformers")
+    with pytest.raises(ValueError, match="bf16"):
+        transformers.TrainingArguments(output_dir=str(tmp_path), **{field: True})
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", **{field: True})
+    with pytest.raises(ValueError, match=f"{field}=True.*use_cpu=True"):
+        Trainer(model=RegressionModel(), args=args)
+    ok = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, **{field: True})
+    assert Trainer(model=RegressionModel(), args=ok).args.use_cpu

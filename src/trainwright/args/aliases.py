@@ -51,7 +51,9 @@ V4_V5_CHOICES: dict[str, str] = {
     "debug": "Normalised to a list of DebugOption (a space-separated string is split), as in both versions.",
     "tf32": "Only recorded: building the arguments never changes torch's global TF32 flags (v5 does, "
     "and raises without an Ampere GPU); applying it belongs to whatever starts training.",
-    "bf16": "Hardware support is not checked at construction, which never touches a device (v5 "
+    "bf16": "Hardware support is checked when the Trainer is built, not at construction of the arguments, "
+    "which never touches a device (v5 initialises the device inside TrainingArguments): as upstream, bf16 on "
+    "a machine without a bfloat16 GPU is refused unless use_cpu=True (the CPU autocasts in bfloat16).",
     "initialises the device inside TrainingArguments); runtime.bf16_supported() answers it.",
     "half_precision_backend": 'Accepted (v4); trainwright always uses torch.amp, so values other than "auto" '
     "warn and change nothing. fp16_backend (older v4) maps onto it.",

@@ -123,6 +123,7 @@ class TrainerSetup:
             processing_class = processing_class if processing_class is not None else tokenizer
         self.runtime = get_runtime(use_cpu=args.use_cpu, backend=args.ddp_backend, timeout_s=args.ddp_timeout)
         process_state.configured_state_agrees(args, self.runtime)
+        _check_bf16_device(args, self.runtime)
         self._accelerator = RuntimeAccelerator(self)
         accelerate_state.share_with_accelerate(args, self.runtime)  # for libraries that read it (TRL)
         # parallelism_config's DeviceMesh, or the layout of a model loaded already sharded: this Trainer's
@@ -372,6 +373,21 @@ def _set_log_level(args: TrainingArguments) -> None:
         import transformers.utils.logging as hf_logging
 
         hf_logging.set_verbosity(level)
+
+
+def _check_bf16_device(args: TrainingArguments, runtime: Runtime) -> None:
+    """bf16 on a device without it is refused, as transformers refuses it: on the CPU only with
+    `use_cpu=True` (torch's CPU autocast in bfloat16), on a GPU only where it has bfloat16."""
+    if not (args.bf16 or args.bf16_full_eval):
+        return
+    field = "bf16" if args.bf16 else "bf16_full_eval"
+    if runtime.device.type == "cpu" and not args.use_cpu:
+        raise ValueError(
+            f"{field}=True, and this machine has no GPU with bfloat16: on the CPU, bf16 needs use_cpu=True "
+            f"(as transformers requires), or set {field}=False"
+        )
+    if not runtime.bf16_supported():
+        raise ValueError(f"{field}=True, and {runtime.device} has no bfloat16 support: set {field}=False")
 
 
 def _check_model_arguments(
