@@ -54,7 +54,6 @@ V4_V5_CHOICES: dict[str, str] = {
     "bf16": "Hardware support is checked when the Trainer is built, not at construction of the arguments, "
     "which never touches a device (v5 initialises the device inside TrainingArguments): as upstream, bf16 on "
     "a machine without a bfloat16 GPU is refused unless use_cpu=True (the CPU autocasts in bfloat16).",
-    "initialises the device inside TrainingArguments); runtime.bf16_supported() answers it.",
     "half_precision_backend": 'Accepted (v4); trainwright always uses torch.amp, so values other than "auto" '
     "warn and change nothing. fp16_backend (older v4) maps onto it.",
     "enable_jit_checkpoint": "v5 (default False there: no signal checkpoint). trainwright keeps its "
