@@ -57,6 +57,7 @@ logger = logging.getLogger(__name__)
 
 def validate(args: Any) -> None:
     """Every check and normalisation of a `TrainingArguments`, in order (its `__post_init__`)."""
+    _check_word_lists(args)
     _resolve_paths(args)
     _parse_dict_fields(args)
     resolve_old_names(args)
@@ -106,6 +107,21 @@ def _sortish_is_group_by_length(args: Any) -> None:
 
 
 # -- paths and dict-valued fields --------------------------------------------------------------
+
+# fields given as words: a string ("a b"), a list or tuple of them, None (fsdp also True / False)
+_WORD_LISTS = ("debug", "fsdp", "include_for_metrics", "label_names")
+
+
+def _check_word_lists(args: Any) -> None:
+    for name in _WORD_LISTS:
+        value = getattr(args, name)
+        if (
+            value is None
+            or isinstance(value, (str, list, tuple))
+            or (name == "fsdp" and isinstance(value, bool))
+        ):
+            continue
+        raise invalid(args, name, "expected a string of space-separated words or a list of them")
 
 
 def _resolve_paths(args: Any) -> None:
