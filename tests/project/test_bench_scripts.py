@@ -37,6 +37,10 @@ SCRIPTS = {
         ["bench/trl_sft.py", "--repeats", "1", "--steps", "12", "--warmup", "2"],
         "TRL SFT steps/s, trainwright / transformers",
     ),
+    "st_train": (
+        ["bench/st_train.py", "--repeats", "1", "--steps", "12", "--warmup", "2"],
+        "sentence-transformers steps/s, trainwright / transformers",
+    ),
     "activations": (
         ["bench/activations.py", "--layers", "1", "--batch", "1", "--seq", "32", "--rounds", "1"],
         "dropout attention time, lean / SDPA",
