@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 from torch import nn
+
+_training = attrgetter("training")
 
 
 def _nothing() -> None:
@@ -56,7 +59,7 @@ class TrainMode:
             self._model, self._modules = model, _modules_to_check(model)
         elif self._modules is None:  # a module's own train() does more: called every time
             model.train()
-        elif not all(m.training for m in self._modules):
+        elif not all(map(_training, self._modules)):  # in C: no Python frame per module
             model.train()
             self._modules = _modules_to_check(model)  # read again: a module added since is checked too
         self._optimizer_train()
