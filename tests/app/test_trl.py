@@ -24,7 +24,17 @@ pytest.importorskip("trl")
 pytest.importorskip("peft")
 
 JOB = job("trl_job.py")
-SCENARIOS = ["sft", "sft_lora", "sft_pack", "dpo", "dpo_none", "dpo_lora", "reward", "grpo"]
+SCENARIOS = [
+    "sft",
+    "sft_lora",
+    "sft_pack",
+    "sft_padding_free",
+    "dpo",
+    "dpo_none",
+    "dpo_lora",
+    "reward",
+    "grpo",
+]
 # the other trainers TRL builds on the Trainer (the last three are experimental): trained only
 OTHERS = ["kto", "rloo", "distillation", "orpo", "cpo", "gkd"]
 

@@ -11,7 +11,8 @@ Scenarios: st (a bi-encoder, in-batch negatives, an evaluator and an evaluation 
 cross-encoder reranker), sparse (SPLADE), multi_vector (late interaction). Each trains 4 steps with a
 checkpoint every 2 and reports its log history, files, final weights, and whether the library loads
 what was saved (the final folder and checkpoint-4) to the trained model's outputs. Options as
-kit/library_jobs.py's (resumed, async, only_resume, announce/pause).
+kit/library_jobs.py's (resumed, async, only_resume, announce/pause), "args" (arguments over the
+scenarios' own) and "scenario_args" ({scenario: arguments} over those).
 """
 
 from __future__ import annotations
@@ -60,8 +61,13 @@ def model_folder(root: str, head: str) -> str:
             **BERT,
         )
         torch.manual_seed(0)
-        HEADS[head](config).save_pretrained(folder)
-        tok.save_pretrained(folder)
+        model = HEADS[head](config)
+
+        def save(path: str) -> None:
+            model.save_pretrained(path)
+            tok.save_pretrained(path)
+
+        eco.save_once(folder, save)  # once, whichever rank of a torchrun job comes first
     return folder
 
 
@@ -96,7 +102,7 @@ def scored(n: int, seed: int) -> Dataset:
     return Dataset.from_list(rows)
 
 
-def arguments(cls, out: str, cfg: dict, **overrides):
+def arguments(cls, scenario: str, out: str, cfg: dict, **overrides):
     kw = dict(
         output_dir=out,
         max_steps=4,
@@ -111,6 +117,8 @@ def arguments(cls, out: str, cfg: dict, **overrides):
         seed=5,
         disable_tqdm=True,
     )
+    kw.update(cfg.get("args", {}))
+    kw.update(cfg.get("scenario_args", {}).get(scenario, {}))
     kw.update(overrides)
     return cls(**kw)
 
@@ -123,7 +131,7 @@ def build(scenario: str, out: str, cfg: dict, **overrides):
         from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
 
         folder = model_folder(root, "bert")
-        args = arguments(SentenceTransformerTrainingArguments, out, cfg, **overrides)
+        args = arguments(SentenceTransformerTrainingArguments, scenario, out, cfg, **overrides)
         ev = scored(8, 9)
         evaluator = EmbeddingSimilarityEvaluator(ev["sentence1"], ev["sentence2"], ev["score"], name="sums")
         if scenario == "st_cosine":
@@ -162,7 +170,7 @@ def build_other(scenario: str, out: str, cfg: dict, common: dict, overrides: dic
         from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
 
         model = CrossEncoder(model_folder(root, "cls"))
-        args = arguments(CrossEncoderTrainingArguments, out, cfg, **overrides)
+        args = arguments(CrossEncoderTrainingArguments, scenario, out, cfg, **overrides)
         return CrossEncoderTrainer(
             model=model,
             args=args,
@@ -175,7 +183,7 @@ def build_other(scenario: str, out: str, cfg: dict, common: dict, overrides: dic
         from sentence_transformers.sparse_encoder.losses import SparseMultipleNegativesRankingLoss, SpladeLoss
 
         model = SparseEncoder(model_folder(root, "mlm"))
-        args = arguments(SparseEncoderTrainingArguments, out, cfg, **overrides)
+        args = arguments(SparseEncoderTrainingArguments, scenario, out, cfg, **overrides)
         loss = SpladeLoss(
             model,
             SparseMultipleNegativesRankingLoss(model),
@@ -189,7 +197,7 @@ def build_other(scenario: str, out: str, cfg: dict, common: dict, overrides: dic
         from sentence_transformers.multi_vector_encoder.losses import MultiVectorMultipleNegativesRankingLoss
 
         model = MultiVectorEncoder(model_folder(root, "bert"))
-        args = arguments(MultiVectorEncoderTrainingArguments, out, cfg, **overrides)
+        args = arguments(MultiVectorEncoderTrainingArguments, scenario, out, cfg, **overrides)
         return MultiVectorEncoderTrainer(
             model=model,
             args=args,

@@ -3,14 +3,14 @@ imported): run with `python trl_job.py CFG` they train on transformers, with
 `python -m trainwright run trl_job.py CFG` on trainwright (tests/app/test_trl.py runs both).
 
 CFG is JSON: {"scenarios": [...], "root": dir, "tokenizer": dir, "report": file.json, options}.
-Scenarios: sft, sft_lora, sft_pack, dpo (a reference model), dpo_none (`ref_model=None`, the model
+Scenarios: sft, sft_lora, sft_pack, sft_padding_free, dpo (a reference model), dpo_none (`ref_model=None`, the model
 loaded from a folder), dpo_lora, reward, grpo (generation through `model.generate`, a Python reward);
 and the other trainers built on the Trainer: kto, rloo, distillation, orpo, cpo, gkd (training only).
 Each trains 4 steps (a checkpoint every 2) and reports its log history, the files it wrote and the
 base class its trainer has. Options: "resumed" (a second trainer per scenario resumes checkpoint-2 in
 this process; its final weights are compared with the first's), "async" (a third run with async_save,
 whose checkpoint files are compared byte for byte), "accumulation" (SFT: one step of a batch of 4
-against two micro-batches of 2), "only_resume" (resume the newest checkpoint of `root/<scenario>`), "lifetime" (SFT and SFT with
+against two micro-batches of 2), "args" (arguments over the scenarios' own), "only_resume" (resume the newest checkpoint of `root/<scenario>`), "lifetime" (SFT and SFT with
 LoRA: whether `del trainer` frees the model at once),
 "announce" (print SAVED <step> at each save, sleep "pause" seconds a step: for the signal tests).
 """
@@ -46,12 +46,14 @@ def build(scenario: str, tok, out: str, cfg: dict, **overrides):
         disable_tqdm=True,
         seed=5,
     )
-    kw.update(overrides)
+    kw.update(cfg.get("args", {}), **overrides)
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
     common = dict(processing_class=tok, callbacks=jobs.callbacks(cfg))
     if scenario.startswith("sft"):
         if scenario == "sft_pack":
             kw.update(packing=True, max_length=24)
+        if scenario == "sft_padding_free":  # TRL's own padding_free (its collator flattens the batch)
+            kw.update(padding_free=True, max_length=None)
         args = trl.SFTConfig(**kw)
         peft = lora if scenario == "sft_lora" else None
         return trl.SFTTrainer(

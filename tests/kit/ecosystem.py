@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 
 import torch
 
@@ -19,6 +20,25 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
     "{% if add_generation_prompt %}assistant {% endif %}"
 )
+
+
+def save_once(folder: str, save, timeout: float = 120) -> None:
+    """`save(path)` into a folder of its own, then renamed to `folder`: a reader never sees it half
+    written. Under torchrun rank 0 writes it and the other ranks wait for it (transformers' own
+    `save_pretrained` writes nothing on them once the process group is up)."""
+    if os.path.isdir(folder) and os.listdir(folder):
+        return
+    if int(os.environ.get("RANK", "0")) > 0:
+        deadline = time.monotonic() + timeout
+        while not os.path.isdir(folder):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank 0 did not write {folder} in {timeout} s")
+            time.sleep(0.05)
+        return
+    os.makedirs(os.path.dirname(folder) or ".", exist_ok=True)
+    staging = f"{folder}.{os.getpid()}.tmp"
+    save(staging)
+    os.rename(staging, folder)
 
 
 def tokenizer(folder: str):
@@ -34,7 +54,7 @@ def tokenizer(folder: str):
             tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>"
         )
         fast.chat_template = CHAT_TEMPLATE
-        fast.save_pretrained(folder)
+        save_once(folder, fast.save_pretrained)
     return AutoTokenizer.from_pretrained(folder)
 
 

@@ -128,9 +128,11 @@ def run_scenario(build: Build, scenario: str, cfg: dict, checks: Callable[..., d
 
 
 def main(run: Callable[[dict], dict]) -> None:
-    """A job's entry point: CFG (JSON) from argv, `run(cfg)`'s report written to cfg["report"]."""
+    """A job's entry point: CFG (JSON) from argv, `run(cfg)`'s report written to cfg["report"] (under
+    torchrun by rank 0 alone: every rank reports the same run)."""
     torch.set_num_threads(1)
     cfg = json.loads(sys.argv[1])
     report = run(cfg)
-    with open(cfg["report"], "w") as f:
-        json.dump(report, f)
+    if int(os.environ.get("RANK", "0")) == 0:
+        with open(cfg["report"], "w") as f:
+            json.dump(report, f)

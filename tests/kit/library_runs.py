@@ -1,6 +1,7 @@
 """The test side of a library run on both trainers: a job script (tests/jobs/) run with `python` (on
 transformers) and with `python -m trainwright run` (on trainwright), its reports compared, and a run
-interrupted by a signal to its process group and resumed in a new process.
+interrupted by a signal to its process group and resumed in a new process; the same under torchrun
+(`run_torchrun_job`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from kit import job_env
+from kit import torchrun as launch
 
 # the metrics whose value is a time (or trainwright's counted FLOPs against upstream's estimate)
 TIMINGS = ("_runtime", "_per_second", "step_time", "total_flos")
@@ -31,6 +33,30 @@ def command(job: str, library: str, python: str = sys.executable) -> list[str]:
 
 def env(**extra: str) -> dict[str, str]:
     return job_env(**ENV, **extra)
+
+
+def torchrun_command(job: str, library: str, nproc: int = 2) -> list[str]:
+    """`job` on `nproc` torchrun processes (gloo on the loopback): `torchrun JOB` on transformers,
+    `torchrun -m trainwright run JOB` on trainwright."""
+    if library == "transformers":
+        return [*launch.torchrun_command(nproc), job]
+    return [*launch.torchrun_command(nproc), "-m", "trainwright", "run", job]
+
+
+def run_torchrun_job(job: str, library: str, cfg: dict, nproc: int = 2, timeout: int = 600) -> dict:
+    """Run `job` with CFG on `library` under torchrun; its report (rank 0's)."""
+    proc = subprocess.Popen(
+        [*torchrun_command(job, library, nproc), json.dumps(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"),
+        start_new_session=True,  # killed with every process under it if it overruns (finish)
+    )
+    code, out = launch.finish([proc], timeout)[0]
+    assert code == 0, f"{library} torchrun job failed ({code}):\n{out[-6000:]}"
+    with open(cfg["report"]) as f:
+        return json.load(f)
 
 
 def run_job(job: str, library: str, cfg: dict, python: str = sys.executable, timeout: int = 900) -> dict:

@@ -4,14 +4,16 @@ checks that name the field and what was expected (`invalid`, `choice`, `check_in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
 import numbers
 import os
 import typing
+from collections.abc import Hashable
 from enum import Enum
-from typing import Any
+from typing import Any, cast
 
 from trainwright.core.files import JSONFileError, read_json_object
 
@@ -141,3 +143,19 @@ def dict_from_string(args: Any, name: str, text: str) -> dict[str, Any] | str:
         return read_json_object(path)
     except JSONFileError as e:
         raise invalid(args, name, str(e)) from None
+
+
+@functools.cache
+def _declared_by_trainwright(cls: Any, name: str) -> bool:
+    for klass in cls.__mro__:
+        if name in klass.__dict__.get("__annotations__", {}):
+            return klass.__module__.startswith("trainwright.")
+    return False
+
+
+def feature(args: Any, name: str) -> bool:
+    """Whether trainwright's own feature `name` (padding_free, fused_linear_cross_entropy,
+    lean_activations) is on: its field set, and the field trainwright's. A library's subclass of the
+    arguments that declares a field of the same name owns it (TRL's SFT and DPO configs have their
+    own `padding_free`, which their collators honour): trainwright's feature then stays off."""
+    return bool(getattr(args, name, False)) and _declared_by_trainwright(cast(Hashable, type(args)), name)

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from trainwright.args.checks import invalid
+from trainwright.args.checks import feature, invalid
 
 SIZE_FIELDS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size")
 _OTHER_FIELDS = ("sp_size", "cp_backend", "sp_backend", "cp_comm_strategy", "enable_async_tp")
@@ -197,10 +197,10 @@ def _check_context_parallel(args: Any) -> None:
     unsupported = {
         "label_smoothing_factor": bool(args.label_smoothing_factor),
         "average_tokens_across_devices": not args.average_tokens_across_devices,
-        "fused_linear_cross_entropy": bool(args.fused_linear_cross_entropy),
-        "padding_free": bool(args.padding_free),
+        "fused_linear_cross_entropy": feature(args, "fused_linear_cross_entropy"),
+        "padding_free": feature(args, "padding_free"),
         "use_liger_kernel": bool(args.use_liger_kernel),
-        "lean_activations": bool(args.lean_activations),
+        "lean_activations": feature(args, "lean_activations"),
         "torch_compile": bool(args.torch_compile),
     }
     for name, refused in unsupported.items():

@@ -33,6 +33,7 @@ from trainwright.args.checks import (
     check_int,
     choice,
     dict_from_string,
+    feature,
     invalid,
     is_finite,
     is_int,
@@ -316,7 +317,7 @@ def _check_model_path(args: Any) -> None:
     for name in ("fused_linear_cross_entropy", "padding_free", "lean_activations"):
         if not isinstance(getattr(args, name), bool):
             raise invalid(args, name, "expected True or False")
-    if args.fused_linear_cross_entropy and args.use_liger_kernel:
+    if feature(args, "fused_linear_cross_entropy") and args.use_liger_kernel:
         raise invalid(
             args,
             "fused_linear_cross_entropy",

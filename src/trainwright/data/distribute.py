@@ -16,13 +16,16 @@
   (`ResumableSampler(even=False)`); iterable data is always evened out (as accelerate).
 - `use_seedable_sampler=False`: the shuffling seed is drawn from torch's global RNG (process 0's
   draw) instead of `data_seed` / `seed`; it is kept in the sampler's state, so a resume is exact.
+
+A library's own DataLoader (`trainer.accelerator.prepare(loader)`, `data/prepared.py`) is dealt by
+its batch sampler's batches: `BatchShard`, accelerate's `BatchSamplerShard`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import IterableDataset
@@ -173,6 +176,126 @@ class IterableShard(IterableDataset):
             yield from chunk[lo:hi]
 
 
+class BatchShard:
+    """accelerate's `BatchSamplerShard`: this process's batches of a batch sampler's epoch.
+
+    Without `split`, the batches are dealt in turn (batch i to process i % N), a group of N going
+    out once its last batch is whole; with `split`, each batch is cut into N slices of
+    `batch_size / N`, one per process. The end of the epoch follows the batch sampler's `drop_last`
+    (an incomplete group, or a last short batch, is dropped) or else `even`: every process gets a
+    whole batch, the missing samples taken in order from the epoch's first batches (the first N
+    batches, or the first batch with `split`), or, with `even=False`, what is there. For each batch
+    of the iteration under way, `real_rows` holds how many of its first rows are real samples where
+    repeats complete it (None: all are), and `step_rows` how many of the global step's are (the
+    first ones of the processes' batches gathered in rank order; None: all are)."""
+
+    deals_whole_batches = True  # each process's batch is one batch (or a slice) of a global step
+
+    def __init__(self, batch_sampler: Any, world: int, rank: int, split: bool, even: bool) -> None:
+        self.batch_sampler, self.world, self.rank = batch_sampler, world, rank
+        self.split, self.even = split, even
+        self.batch_size: int | None = getattr(batch_sampler, "batch_size", None)
+        self.drop_last = bool(getattr(batch_sampler, "drop_last", False))
+        if split and (self.batch_size is None or self.batch_size % world):
+            raise ValueError(
+                f"accelerator_config['split_batches']=True: the batch sampler's batch size ({self.batch_size}) "
+                f"is the global batch, split over {world} processes; it must be a multiple of {world}"
+            )
+        self.real_rows: list[int | None] = []
+        self.step_rows: list[int | None] = []
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch, to the batch sampler and its sampler (as accelerate's loader and transformers'
+        loop set it on them)."""
+        obj: Any
+        for obj in (self.batch_sampler, getattr(self.batch_sampler, "sampler", None)):
+            if callable(getattr(obj, "set_epoch", None)):
+                obj.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        batches = len(self.batch_sampler)
+        if self.split:
+            return batches
+        whole, rest = divmod(batches, self.world)
+        if not rest or self.drop_last:
+            return whole
+        return whole + 1 if self.even or self.rank < rest else whole
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # before the first batch is asked for: a loader's iterator reads ahead
+        self.real_rows, self.step_rows = [], []
+        return self._sliced() if self.split else self._dealt()
+
+    def _out(self, batch: list[int], real: int | None = None, step: int | None = None) -> list[int]:
+        self.real_rows.append(real)
+        self.step_rows.append(step)
+        return batch
+
+    def _sliced(self) -> Iterator[list[int]]:
+        size = cast(int, self.batch_size)
+        per = size // self.world
+        lo, hi = self.rank * per, (self.rank + 1) * per
+        first: list[int] = []
+        last: list[int] = []
+        for batch in self.batch_sampler:
+            last = list(batch)
+            first = first or last
+            if len(last) == size:
+                yield self._out(last[lo:hi])
+        if self.drop_last or not last or len(last) == size:
+            return
+        if not self.even:
+            if len(last) > lo:
+                yield self._out(last[lo:hi])
+            return
+        completed = last + [first[i % len(first)] for i in range(size)]
+        yield self._out(completed[lo:hi], min(max(len(last) - lo, 0), per), len(last))
+
+    def _dealt(self) -> Iterator[list[int]]:
+        size, world, rank = self.batch_size, self.world, self.rank
+        head: list[list[int]] = []  # the epoch's first batches: the repeats that complete its end
+        group: list[list[int]] = []
+        for batch in self.batch_sampler:
+            group.append(list(batch))
+            if len(head) < world:
+                head.append(group[-1])
+            if len(group) == world and (size is None or len(group[-1]) == size):
+                yield self._out(group[rank])
+                group = []
+        if not group or self.drop_last:
+            return
+        mine = group[rank] if rank < len(group) else None
+        if not self.even:
+            if mine:
+                yield self._out(mine)
+            return
+        yield from self._evened(group, head)
+
+    def _evened(self, group: list[list[int]], head: list[list[int]]) -> Iterator[list[int]]:
+        """The last group of the epoch made whole: a short last batch completed and the missing
+        batches made of repeats, in order from the epoch's first batches."""
+        size, rank = self.batch_size, self.rank
+        step = sum(len(b) for b in group)  # the real samples of this last global step
+        if rank < len(group) and (size is None or len(group[rank]) == size):
+            yield self._out(group[rank], None, step)
+            return
+        flat = [i for b in head for i in b]
+        short = size is not None and len(group[-1]) < size  # the epoch's last batch, to complete
+        taken = 0
+        for slot in range(len(group) - 1 if short else len(group), self.world):
+            own = group[slot] if slot < len(group) else []
+            if size is None:  # batches of any size: whole batches repeated
+                batch = head[taken % len(head)]
+                taken += 1
+            else:
+                need = size - len(own)
+                batch = own + [flat[(taken + i) % len(flat)] for i in range(need)]
+                taken += need
+            if slot == rank:
+                yield self._out(batch, len(own), step)
+                return
+
+
 def batch_rows(batch: Any) -> int:
     """Samples in a batch: the first dimension of its first tensor."""
     if isinstance(batch, torch.Tensor):
@@ -279,6 +402,7 @@ class DispatchingLoader:
             else None
         )
         self.real_rows_in_batch: int | None = None
+        self.real_rows_in_step: int | None = None  # of the global batch (its rows before the repeats)
 
     def set_epoch(self, epoch: int) -> None:
         if callable(getattr(self.base, "set_epoch", None)):
@@ -312,6 +436,6 @@ class DispatchingLoader:
                 while batch_rows(batch) < per * self.world:
                     batch = concat_batches(batch, slice_batch(first, slice(0, self.world)))
                 real = min(max(rows - self.rank * per, 0), per)
-            self.real_rows_in_batch = real
+            self.real_rows_in_batch, self.real_rows_in_step = real, None if real is None else rows
             yield slice_batch(batch, slice(self.rank * per, (self.rank + 1) * per))
-        self.real_rows_in_batch = None
+        self.real_rows_in_batch = self.real_rows_in_step = None

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainwright.args.checks import feature
 from trainwright.core.modules import unwrap_model
 from trainwright.data.collators import PaddingCollator, _pad_sequences, default_data_collator
 from trainwright.data.columns import forward_arg_names
@@ -197,7 +198,7 @@ def run_collator(args: Any, collator: Callable, model: Any) -> Callable:
     """The collator of a run: `collator`, or with `padding_free` its padding-free replacement (see
     :func:`padding_free_collator`); an encoder-decoder model is refused (its decoder inputs are
     made per sample from the labels)."""
-    if not getattr(args, "padding_free", False):
+    if not feature(args, "padding_free"):
         return collator
     config = getattr(unwrap_model(model), "config", None)
     if getattr(config, "is_encoder_decoder", False):

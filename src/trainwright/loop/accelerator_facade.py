@@ -20,14 +20,17 @@ from torch import nn
 
 from trainwright.args import process_state
 from trainwright.core.modules import unwrap_model as _unwrap
-from trainwright.data.distribute import to_device
+from trainwright.data.distribute import slice_batch
+from trainwright.data.prepared import prepare_loader
 from trainwright.distributed import collectives
 
 _ANSWERS = (
     "device, state, distributed_type, mixed_precision, parallelism_config, dataloader_config, "
+    "split_batches, dispatch_batches, even_batches, use_seedable_sampler, non_blocking, "
     "sync_gradients, gradient_accumulation_steps, is_main_process, is_local_main_process, process_index, "
     "local_process_index, num_processes, use_distributed, wait_for_everyone, gather, gather_for_metrics, "
     "reduce, pad_across_processes, split_between_processes, unwrap_model, prepare_model, prepare, "
+    "prepare_data_loader, "
     "autocast, backward, clip_grad_norm_, print, main_process_first, local_main_process_first, "
     "free_memory and end_training"
 )
@@ -49,13 +52,17 @@ class RuntimeAccelerator:
         # weak: the Trainer holds this, and a cycle would keep its model and optimizer alive after
         # `del trainer` until the next full garbage collection
         self._owner_ref = weakref.ref(owner)
+        self._even_batches: bool | None = None  # set by a library (None: accelerator_config's)
+        self._loaders: weakref.WeakSet[Any] = weakref.WeakSet()  # the loaders prepare() made
 
     def __getstate__(self) -> dict[str, Any]:
         # pickled with its Trainer (ray's search ships the Trainer to its workers); pickle keeps the cycle
-        return {"owner": self._owner}
+        return {"owner": self._owner, "even_batches": self._even_batches}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._owner_ref = weakref.ref(state["owner"])
+        self._even_batches = state.get("even_batches")
+        self._loaders = weakref.WeakSet()
 
     @property
     def _owner(self) -> _Owner:
@@ -124,6 +131,39 @@ class RuntimeAccelerator:
         `use_seedable_sampler`): a change to it applies to the data loaders built afterwards."""
         return self._owner.args.accelerator_config
 
+    def _data_setting(self, name: str, default: Any) -> Any:
+        config = self._owner.args.accelerator_config
+        return getattr(config, name, default) if config is not None else default
+
+    @property
+    def split_batches(self) -> bool:
+        return bool(self._data_setting("split_batches", False))
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        return self._data_setting("dispatch_batches", None)
+
+    @property
+    def even_batches(self) -> bool:
+        """accelerate's: whether `prepare`'s loaders complete the epoch's last batches with repeats.
+        A library may set it (sentence-transformers: False for its training loader, True for
+        evaluation); it applies to the loaders `prepare` makes afterwards, not the Trainer's own."""
+        if self._even_batches is not None:
+            return self._even_batches
+        return self._data_setting("even_batches", True) is not False
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self._even_batches = bool(value)
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self._data_setting("use_seedable_sampler", True) is not False
+
+    @property
+    def non_blocking(self) -> bool:
+        return bool(self._data_setting("non_blocking", False))
+
     @property
     def gradient_accumulation_steps(self) -> int:
         return self._owner.args.gradient_accumulation_steps
@@ -146,10 +186,17 @@ class RuntimeAccelerator:
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """`gather` for tensors; other objects (lists of strings, ...) gathered as objects and flattened.
-        trainwright's evaluation sampler repeats no sample, so there is nothing to drop."""
+        While a loader `prepare` made yields the last global step of its epoch, the samples repeated
+        to even out the processes are dropped (the first rows are the real ones), as accelerate
+        does; trainwright's own evaluation sampler repeats no sample."""
         if use_gather_object or not collectives.holds_tensors(input_data):
-            return collectives.gather_object(self._runtime, input_data)
-        return self.gather(input_data)
+            gathered = collectives.gather_object(self._runtime, input_data)
+        else:
+            gathered = self.gather(input_data)
+        rows = next((r for loader in self._loaders if (r := loader.real_rows_in_step) is not None), None)
+        if rows is None:
+            return gathered
+        return gathered[:rows] if isinstance(gathered, list) else slice_batch(gathered, slice(0, rows))
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         return collectives.reduce(self._runtime, tensor, reduction, scale)
@@ -202,22 +249,40 @@ class RuntimeAccelerator:
         return model
 
     def prepare(self, *objects: Any, device_placement: list[bool] | None = None) -> Any:
-        """Models through `prepare_model`; a data loader on one process yields its batches on this
-        process's device. Anything else, and a data loader over several processes (accelerate would
-        shard it), is refused naming it."""
-        prepared = [self._prepare_one(obj) for obj in objects]
+        """Models through `prepare_model`, data loaders through `prepare_data_loader`. Anything else
+        is refused naming it."""
+        places = device_placement if device_placement is not None else [None] * len(objects)
+        if len(places) != len(objects):
+            raise ValueError(
+                f"trainer.accelerator.prepare: device_placement has {len(places)} entries for {len(objects)} objects"
+            )
+        prepared = [self._prepare_one(obj, place) for obj, place in zip(objects, places)]
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
-    def _prepare_one(self, obj: Any) -> Any:
+    def _prepare_one(self, obj: Any, device_placement: bool | None) -> Any:
         if isinstance(obj, nn.Module):
-            return self.prepare_model(obj)
-        if isinstance(obj, torch.utils.data.DataLoader) and not self._runtime.distributed:
-            return DeviceLoader(obj, self.device)
-        where = f" over {self._runtime.world_size} processes" if self._runtime.distributed else ""
+            return self.prepare_model(obj, device_placement=device_placement)
+        if isinstance(obj, torch.utils.data.DataLoader):
+            return self.prepare_data_loader(obj, device_placement=device_placement)
         raise NotImplementedError(
-            f"trainer.accelerator.prepare({type(obj).__name__}){where}: trainwright prepares models and, on "
-            "one process, data loaders; its Trainer builds and shards its own loaders, optimizer and schedule."
+            f"trainer.accelerator.prepare({type(obj).__name__}): trainwright prepares models and data loaders; "
+            "its Trainer builds its own optimizer and schedule."
         )
+
+    def prepare_data_loader(
+        self, data_loader: torch.utils.data.DataLoader, device_placement: bool | None = None
+    ) -> Any:
+        """A library's own loader as accelerate prepares it (`data/prepared.py`): this process's
+        batches (a batch sampler's dealt over the processes, an iterable dataset's dispatched from
+        process 0, as `accelerator_config` and `even_batches` say), a seedable sampler's order a
+        function of the seed and the epoch, on this process's device unless `device_placement=False`."""
+        owner = self._owner
+        device = None if device_placement is False else self.device
+        prepared = prepare_loader(
+            data_loader, owner.args, self._runtime, device, self.even_batches, owner.args.data_seed
+        )
+        self._loaders.add(prepared)
+        return prepared
 
     def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager:
         """The arguments' mixed precision (bf16 / fp16 autocast on this device), else nothing."""
@@ -272,23 +337,6 @@ class RuntimeAccelerator:
             f"trainer.accelerator.{name}: trainwright runs on its own runtime, not accelerate; its "
             f"accelerator answers {_ANSWERS}."
         )
-
-
-class DeviceLoader:
-    """A data loader whose batches arrive on `device` (what accelerate's prepared loader gives)."""
-
-    def __init__(self, loader: Any, device: torch.device) -> None:
-        self.loader, self.device = loader, device
-
-    def __iter__(self) -> Iterator[Any]:
-        for batch in self.loader:
-            yield to_device(batch, self.device, False)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.loader, name)
 
 
 def _autocast_dtype(args: Any) -> torch.dtype | None:

@@ -18,6 +18,7 @@ from typing import Any, Protocol, cast
 
 from torch import nn
 
+from trainwright.args.checks import feature
 from trainwright.args.training_args import TrainingArguments
 from trainwright.callbacks.jit_checkpoint import jit_checkpoint_callbacks
 from trainwright.core.enums import DebugOption
@@ -148,7 +149,7 @@ PLUGINS = [
     Row("use_liger_kernel", lambda a: bool(a.use_liger_kernel), Liger),
     Row("debug underflow_overflow", lambda a: DebugOption.UNDERFLOW_OVERFLOW in a.debug, OverflowDetector),
     Row("neftune_noise_alpha", lambda a: a.neftune_noise_alpha is not None, NEFTune),
-    Row("lean_activations", lambda a: bool(a.lean_activations), LeanActivations),
+    Row("lean_activations", lambda a: feature(a, "lean_activations"), LeanActivations),
     Row("torch_empty_cache_steps", lambda a: bool(a.torch_empty_cache_steps), EmptyCache),
 ]
 

@@ -312,12 +312,15 @@ class Trainer(TrainerAPI):
         """The model's loss (or `compute_loss_func`'s, or label smoothing's) for one batch."""
         labels = None
         custom = self.label_smoother is not None or self.compute_loss_func is not None
+        divided = False  # the loss is `sum / N` of the step's items on every process
         if custom and "labels" in inputs:
             inputs = dict(inputs)
             labels = inputs.pop("labels")
+            divided = num_items_in_batch is not None
         elif num_items_in_batch is not None and "labels" in inputs and self._loss_facts.accepts_loss_kwargs:
             # the model's own loss divides by the step's items (`StepWeights` reads the same facts)
             inputs = {**inputs, "num_items_in_batch": num_items_in_batch.to(self.runtime.device)}
+            divided = True
         # with padding_free / fused_linear_cross_entropy the model path's forward; else model(**inputs)
         outputs, labels = model_path.forward(self, model, inputs, labels, num_items_in_batch, return_outputs)
         if labels is not None:  # popped for compute_loss_func or the label smoother
@@ -332,6 +335,8 @@ class Trainer(TrainerAPI):
             loss = outputs["loss"]
         else:
             loss = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+        if divided:  # as upstream's compute_loss: times the processes DDP averages over
+            loss = self._weights().across_processes(loss)
         return (loss, outputs) if return_outputs else loss
 
     def _custom_loss(

@@ -284,6 +284,8 @@ class TrainerSetup:
             batches = len(dataloader)
             if batches == 0:
                 raise ValueError(empty_training_message(dataloader, args, self.runtime.world_size))
+            if self.runtime.distributed:
+                _check_same_batches(self.runtime, batches)
             updates_per_epoch = max(math.ceil(batches / ga), 1)
             examples = self.num_examples(dataloader)
             if args.max_steps > 0:
@@ -442,4 +444,20 @@ def enable_activation_checkpointing(model: nn.Module, kwargs: dict | None) -> No
         raise ValueError(
             f"gradient_checkpointing=True: {type(model).__name__} has no gradient_checkpointing_enable(); "
             "checkpoint its blocks with torch.utils.checkpoint yourself or set gradient_checkpointing=False."
+        )
+
+
+def _check_same_batches(runtime: Any, batches: int) -> None:
+    """Every process must take the same number of steps (each waits for the others in the gradient
+    all-reduce): a training loader that gives them different numbers of batches is refused rather
+    than left to hang (a library's own loader with `even_batches=False`, as sentence-transformers
+    prepares its training loader)."""
+    counts = runtime.all_gather_object(batches)
+    if len(set(counts)) > 1:
+        raise ValueError(
+            f"The training data gives the {len(counts)} processes {counts} batches per epoch, but every "
+            "process must take the same number of optimizer steps (each waits for the others in the "
+            "gradient all-reduce). With trainer.accelerator.even_batches=False (or accelerator_config's "
+            "even_batches=False) the last batches are not evened out: use a dataset whose batches divide "
+            "evenly over the processes, dataloader_drop_last=True, or even_batches=True."
         )

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from trainwright.args.checks import feature
 from trainwright.modeling import fused_loss
 
 logger = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ def forward(
     with the labels as given.
     """
     args = trainer.args
-    if not (args.padding_free or args.fused_linear_cross_entropy):
+    if not (feature(args, "padding_free") or feature(args, "fused_linear_cross_entropy")):
         return model(**inputs), labels  # a plain run: nothing else on its every step
     return _feature_forward(trainer, model, inputs, labels, num_items_in_batch, return_outputs)
 
@@ -163,9 +164,9 @@ def _feature_forward(
 ) -> tuple[Any, torch.Tensor | None]:
     """`forward` with `padding_free` or `fused_linear_cross_entropy` on."""
     args = trainer.args
-    if args.padding_free and is_packed(inputs):
+    if feature(args, "padding_free") and is_packed(inputs):
         inputs = _packed_inputs(model, inputs)
-    if not args.fused_linear_cross_entropy or fused_loss.logits_wanted(return_outputs):
+    if not feature(args, "fused_linear_cross_entropy") or fused_loss.logits_wanted(return_outputs):
         return model(**inputs), labels
     if _fused_refusal(trainer) is not None:
         return model(**inputs), labels

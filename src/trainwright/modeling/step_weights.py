@@ -132,14 +132,22 @@ class StepWeights:
     def scale(
         self, loss: torch.Tensor, share: torch.Tensor | None, num_items: torch.Tensor | None
     ) -> torch.Tensor:
-        """A micro-batch's loss as its part of the step's: a mean weighted by ``share / num_items``,
-        times the processes whose gradients DDP / FSDP average (`Runtime.gradient_average_size`)."""
-        if share is not None:
-            if share.device.type == "cpu" and not share:
-                # no target in this micro-batch: a mean loss is 0/0 = NaN, and its weight is 0; its
-                # gradient is zero either way, so it must not turn the step's logged loss into NaN
-                loss = torch.nan_to_num(loss, nan=0.0)
-            loss = loss * (share.to(loss.device) / cast(torch.Tensor, num_items).to(loss.device))
-        if self._factor is not None:
-            loss = loss * self._factor
-        return loss
+        """A micro-batch's mean loss as its part of the step's: weighted by ``share / num_items``,
+        times the processes whose gradients DDP / FSDP average (`Runtime.gradient_average_size`).
+        A loss that is ``sum / N`` already (no share) is left as `compute_loss` returned it: as
+        upstream, the `compute_loss` that divides by N multiplies by the processes itself
+        (`across_processes`; TRL's SFT and GRPO trainers do it in their own)."""
+        if share is None:
+            return loss
+        if share.device.type == "cpu" and not share:
+            # no target in this micro-batch: a mean loss is 0/0 = NaN, and its weight is 0; its
+            # gradient is zero either way, so it must not turn the step's logged loss into NaN
+            loss = torch.nan_to_num(loss, nan=0.0)
+        loss = loss * (share.to(loss.device) / cast(torch.Tensor, num_items).to(loss.device))
+        return self.across_processes(loss)
+
+    def across_processes(self, loss: torch.Tensor) -> torch.Tensor:
+        """A loss over the step's items on every process (``sum / N``), times the processes whose
+        gradients DDP / FSDP average (with `average_tokens_across_devices` over several), so that
+        their mean is the step's gradient."""
+        return loss * self._factor if self._factor is not None else loss
