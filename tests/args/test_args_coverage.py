@@ -17,6 +17,7 @@ import pathlib
 import pytest
 from kit import ROOT
 
+from trainwright.args.aliases import REMOVED_V4_ARGS
 from trainwright.args.training_args import Seq2SeqTrainingArguments, TrainingArguments
 
 _DEFAULTS = "tests/args/test_args_defaults.py"
@@ -220,7 +221,10 @@ def _fields(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls) if f.init]
 
 
-ALL_FIELDS = list(dict.fromkeys(_fields(TrainingArguments) + _fields(Seq2SeqTrainingArguments)))
+# what the constructors take: the fields, and the removed v4 arguments taken at their one honoured value
+ALL_FIELDS = list(
+    dict.fromkeys(_fields(TrainingArguments) + _fields(Seq2SeqTrainingArguments) + list(REMOVED_V4_ARGS))
+)
 
 
 def _test_functions(path: pathlib.Path) -> set[str]:
@@ -259,8 +263,9 @@ def test_registered_test_exists(field_name):
 
 @pytest.mark.parametrize("field_name", sorted(REFUSED))
 def test_refused_field_raises_naming_it(field_name):
-    default = {f.name: f for f in dataclasses.fields(Seq2SeqTrainingArguments)}[field_name].default
-    assert REFUSED[field_name] != default
+    defaults = {f.name: f.default for f in dataclasses.fields(Seq2SeqTrainingArguments)}
+    defaults |= {name: honoured for name, (honoured, _) in REMOVED_V4_ARGS.items()}
+    assert REFUSED[field_name] != defaults[field_name]
     cls = TrainingArguments if field_name in _fields(TrainingArguments) else Seq2SeqTrainingArguments
     with pytest.raises(ValueError, match=field_name):
         cls(output_dir="out", **{field_name: REFUSED[field_name]})

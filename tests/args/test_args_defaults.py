@@ -56,7 +56,7 @@ def test_defaults(tmp_path, monkeypatch):
     assert a.metric_for_best_model is None and a.greater_is_better is None
     assert a.seed == 42 and a.data_seed is None
     assert a.dataloader_pin_memory is True
-    assert a.save_safetensors is True
+    assert not hasattr(a, "save_safetensors")  # removed in v5: getattr(args, "save_safetensors", d) is d
     assert a.warmup_steps == 0 and a.warmup_ratio == 0.0
 
 

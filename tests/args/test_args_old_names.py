@@ -14,6 +14,7 @@ from args_kit import (
 )
 from kit import ROOT
 
+from trainwright.args.aliases import REMOVED_V4_ARGS
 from trainwright.args.training_args import V4_V5_CHOICES, Seq2SeqTrainingArguments, TrainingArguments
 from trainwright.core.enums import OptimizerNames
 
@@ -21,7 +22,7 @@ from trainwright.core.enums import OptimizerNames
 
 
 def test_v4_v5_choices_documents_the_disagreements():
-    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    names = {f.name for f in dataclasses.fields(TrainingArguments)} | set(REMOVED_V4_ARGS)
     assert set(V4_V5_CHOICES) <= names
     for key in (
         "report_to",
@@ -213,3 +214,22 @@ def test_every_transformers_argument_name_is_accepted():
         warnings.simplefilter("error", FutureWarning)
         a = Seq2SeqTrainingArguments(**theirs)
     assert Seq2SeqTrainingArguments.from_dict(a.to_dict()) == a
+
+
+def test_save_safetensors_is_taken_from_v4_scripts_but_absent_as_in_v5():
+    args = make(save_safetensors=True)  # a v4 script's argument, at the value trainwright honours
+    # GLiNER's _save asks getattr(args, "save_safetensors", False): transformers 5 has no such field
+    assert not hasattr(args, "save_safetensors") and getattr(args, "save_safetensors", False) is False
+    assert "save_safetensors" not in args.to_dict()
+    assert not hasattr(Seq2SeqTrainingArguments(output_dir="out", save_safetensors=True), "save_safetensors")
+    old_json = {**args.to_dict(), "save_safetensors": True}  # training_args.json of earlier releases
+    assert TrainingArguments.from_dict(old_json).to_dict() == args.to_dict()
+    assert dataclasses.replace(args, seed=7).seed == 7  # every field is still an attribute
+
+    @dataclasses.dataclass
+    class LibraryArguments(TrainingArguments):  # a library's own subclass (GLiNER's, TRL's configs)
+        extra: int = 0
+
+    with pytest.raises(TypeError, match="save_safetensors"):  # its dataclass __init__, as on transformers 5
+        LibraryArguments(output_dir="out", save_safetensors=True)
+    assert not hasattr(LibraryArguments.from_dict(old_json), "save_safetensors")

@@ -36,9 +36,10 @@ SFT_ARGS = {
     "gradient_accumulation_steps": 2,
 }
 ST = ["st", "cross"]
-# DDP's unused-parameter search as each model needs it on transformers (a bi-encoder leaves BERT's
-# pooler unused; the cross-encoder fails with the search on)
-ST_ARGS = {"st": {"ddp_find_unused_parameters": True}, "cross": {"ddp_find_unused_parameters": False}}
+# DDP's unused-parameter search: the bi-encoder (which leaves BERT's pooler unused) needs it, and
+# trainwright turns it on by default for a model that is not a transformers model, as transformers
+# does; the cross-encoder fails with it on, on transformers too, so it is turned off there
+ST_ARGS: dict[str, dict] = {"st": {}, "cross": {"ddp_find_unused_parameters": False}}
 
 
 def _launch(script: str, library: str, root, name: str, cfg: dict) -> dict:

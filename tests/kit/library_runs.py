@@ -22,7 +22,9 @@ from kit import torchrun as launch
 TIMINGS = ("_runtime", "_per_second", "step_time", "total_flos")
 # what trainwright adds to a checkpoint: its manifest, its data position, its arguments as JSON
 OWN_FILES = {"checkpoint_complete.json", "data_state.json", "training_args.json"}
-ENV = {"HF_HUB_OFFLINE": "1", "CI": "1", "TOKENIZERS_PARALLELISM": "false"}
+# PYTHONHASHSEED: a library may order what it builds by a set of strings (GLiNER's label prompts), so
+# both libraries' processes hash strings alike
+ENV = {"HF_HUB_OFFLINE": "1", "CI": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONHASHSEED": "0"}
 
 
 def command(job: str, library: str, python: str = sys.executable) -> list[str]:
@@ -104,7 +106,12 @@ def same_weights(a: str, b: str) -> None:
 
 
 def interrupted(
-    job: str, tmp_path, scenario: str, sig: signal.Signals, extra: dict | None = None
+    job: str,
+    tmp_path,
+    scenario: str,
+    sig: signal.Signals,
+    extra: dict | None = None,
+    python: str = sys.executable,
 ) -> tuple[subprocess.Popen, dict, str]:
     """Run `scenario` on trainwright in its own process group, send `sig` to the group once
     checkpoint-2 is saved, then resume the newest checkpoint in a new process: (the killed process,
@@ -118,7 +125,7 @@ def interrupted(
         **(extra or {}),
     }
     proc = subprocess.Popen(
-        [*command(job, "trainwright"), json.dumps(cfg)],
+        [*command(job, "trainwright", python), json.dumps(cfg)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -137,6 +144,6 @@ def interrupted(
     output = "".join(seen) + rest
     assert any(line.startswith("SAVED 2") for line in seen), output[-4000:]
     resumed = run_job(
-        job, "trainwright", {**cfg, "only_resume": True, "report": str(tmp_path / "resumed.json")}
+        job, "trainwright", {**cfg, "only_resume": True, "report": str(tmp_path / "resumed.json")}, python
     )
     return proc, resumed[scenario], output

@@ -291,3 +291,24 @@ def test_save_model_override_is_called_for_checkpoints(make_args):
     assert [internal for _, internal in calls] == [True, True]
     assert all(name.startswith(".checkpoint-") for name, _ in calls)
     assert os.path.isfile(os.path.join(trainer.args.output_dir, "checkpoint-4", "model.safetensors"))
+
+
+def test_a_subclass_load_is_judged_as_trainwrights_own(make_args):
+    """`_issue_warnings_after_load`, which a subclass's `_load_from_checkpoint` calls on its own
+    `load_state_dict(strict=False)` (GLiNER's): a clean load passes, keys the model leaves out of its
+    saves are tied again, any other missing or unexpected key is an error naming it."""
+    from trainwright.checkpoint import CheckpointError
+
+    trainer = make(Trainer, make_args)
+    model = trainer.model
+    trainer._issue_warnings_after_load(model.load_state_dict(model.state_dict(), strict=False))
+    with pytest.raises(CheckpointError, match=r"missing keys \[b\]"):
+        trainer._issue_warnings_after_load(model.load_state_dict({"a": torch.tensor(1.0)}, strict=False))
+    extra = {**model.state_dict(), "c": torch.tensor(0.0)}
+    with pytest.raises(CheckpointError, match=r"unexpected keys \[c\]"):
+        trainer._issue_warnings_after_load(model.load_state_dict(extra, strict=False))
+    tied = []
+    model._keys_to_ignore_on_save = ["b"]
+    model.tie_weights = lambda: tied.append(True)
+    trainer._issue_warnings_after_load(model.load_state_dict({"a": torch.tensor(1.0)}, strict=False))
+    assert tied == [True]

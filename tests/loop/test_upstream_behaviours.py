@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import RegressionDataset, RegressionModel, regression_with_eval, tiny_t5
 
-from trainwright import Seq2SeqTrainer, Seq2SeqTrainingArguments, Trainer
+from trainwright import Seq2SeqTrainer, Seq2SeqTrainingArguments, Trainer, TrainingArguments
 from trainwright.data import default_data_collator
 
 transformers = pytest.importorskip("transformers")
@@ -231,3 +231,30 @@ def test_reduce_lr_on_plateau_with_a_log_override_sees_only_evaluation_rows_unti
     rows = trainer.state.log_history
     assert len(rows) == 11 and all("eval_loss" in row for row in rows[:-1])
     assert {"loss", "train_loss", "learning_rate"} <= set(rows[-1])
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.0, 1.0])
+def test_grad_norm_is_logged_with_or_without_clipping_as_upstream(tmp_path, max_grad_norm):
+    """transformers measures the gradient norm at every step even with max_grad_norm=0 (no
+    clipping) and logs it; the logged norms are the same on both trainers."""
+    from conftest import RegressionDataset as Data
+
+    def norms(trainer_cls, args_cls, name):
+        args = args_cls(
+            output_dir=str(tmp_path / name),
+            max_steps=3,
+            per_device_train_batch_size=8,
+            logging_steps=1,
+            max_grad_norm=max_grad_norm,
+            save_strategy="no",
+            report_to="none",
+            use_cpu=True,
+            learning_rate=0.1,
+        )
+        trainer = trainer_cls(model=RegressionModel(), args=args, train_dataset=Data(length=24))
+        trainer.train()
+        return [row["grad_norm"] for row in trainer.state.log_history if "loss" in row]
+
+    theirs = norms(transformers.Trainer, transformers.TrainingArguments, "hf")
+    ours = norms(Trainer, TrainingArguments, "tw")
+    assert len(ours) == 3 and ours == pytest.approx(theirs, rel=1e-6)

@@ -37,6 +37,7 @@ HOOKS = [
     "_load_from_checkpoint",
     "_load_best_model",
     "_prepare_inputs",
+    "_issue_warnings_after_load",  # called by a subclass's _load_from_checkpoint (GLiNER's)
 ]
 
 

@@ -8,11 +8,12 @@ code reads back what it set.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import warnings
 from types import FrameType
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from trainwright.args.checks import choice, invalid, words
 from trainwright.core.enums import IntervalStrategy
@@ -34,8 +35,10 @@ V4_V5_CHOICES: dict[str, str] = {
     '"group_by_length". v5\'s "batch_rebalance" is not provided.',
     "logging_dir": "Kept (v4) but left None by default, as in v5: the TensorBoard reporter then uses "
     "TENSORBOARD_LOGGING_DIR or output_dir/runs/<time>_<host>. v4 filled it in at construction.",
-    "save_safetensors": "Always True: weights are always written as safetensors (nothing is pickled). "
-    "False is ignored with a warning.",
+    "save_safetensors": "Removed in v5, as there: no such attribute, so code that reads "
+    '`getattr(args, "save_safetensors", default)` gets its default (GLiNER then writes pytorch_model.bin, as '
+    "on transformers 5). v4 scripts may still pass it to trainwright's own argument classes: True (v4's "
+    "default) is accepted and not kept; False is refused (trainwright itself writes safetensors only).",
     "run_name": "Default None (v5); v4 documented output_dir as the default.",
     "trackio_space_id": 'Default None (v5); v4\'s default "trackio" is read (v4 training_args.json files) but any '
     "other value is refused, like project and the other trackio_* fields: trainwright has no trackio reporter.",
@@ -97,6 +100,40 @@ V4_V5_CHOICES: dict[str, str] = {
     ),
     "save_total_limit": "Must be >= 1 when given (None keeps every checkpoint); upstream silently treats 0 as None.",
 }
+
+
+# ------------------------------------------------------------------------------ removed v4 arguments
+
+# v4 arguments that transformers 5 removed, taken by trainwright's own argument classes at the one value
+# it honours (name -> (that value, why another is refused)) but not kept: code written for v5 tests
+# `getattr(args, name, default)` (GLiNER picks its weight format so) and must get v5's answer.
+REMOVED_V4_ARGS: dict[str, tuple[Any, str]] = {
+    "save_safetensors": (
+        True,
+        "trainwright always writes safetensors (pickled weights would break its nothing-pickled rule)",
+    ),
+}
+
+
+_Args = TypeVar("_Args", bound=type)
+
+
+def takes_removed_v4_args(cls: _Args) -> _Args:
+    """`cls` (a dataclass) whose constructor also takes `REMOVED_V4_ARGS` (a v4 script's
+    `save_safetensors=True`), without making them fields: the instance has no such attribute, as a
+    transformers 5 one has none. A library's own subclass is built by its own dataclass `__init__`,
+    which refuses them, as on transformers 5."""
+    init = cls.__dict__["__init__"]  # the dataclass's own
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        for name, (honoured, why) in REMOVED_V4_ARGS.items():
+            if name in kwargs and (value := kwargs.pop(name)) != honoured:
+                raise invalid(self, name, why, value)
+        init(self, *args, **kwargs)
+
+    setattr(cls, "__init__", __init__)  # noqa: B010  (mypy refuses assigning a method)
+    return cls
 
 
 # ------------------------------------------------------------------------------ warning once
@@ -214,12 +251,6 @@ def _refuse_what_has_no_effect(args: Any) -> None:
             warn_once(name, f"use_mps_device is not needed: {why}.")
             continue
         raise invalid(args, name, f"trainwright cannot honour it: {why}; leave it at {v4_default!r}")
-    if not args.save_safetensors:
-        raise invalid(
-            args,
-            "save_safetensors",
-            "trainwright always writes safetensors (pickled weights would break its nothing-pickled rule)",
-        )
 
 
 def _resolve_old_hub_names(args: Any) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from trainwright.args.aliases import REMOVED_V4_ARGS
 from trainwright.core.files import read_json_object
 
 
@@ -52,10 +53,15 @@ def from_dict_kwargs(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
     """The constructor arguments of `cls` for `to_dict()` output; unknown keys are an error,
     redacted tokens become None."""
     known = {f.name for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - known)
+    unknown = sorted(set(data) - known - set(REMOVED_V4_ARGS))
     if unknown:
         raise ValueError(f"{cls.__name__}.from_dict: unknown keys {unknown}")
-    return {k: (None if k.endswith("_token") and v == redacted(k) else v) for k, v in data.items()}
+    return {
+        k: (None if k.endswith("_token") and v == redacted(k) else v)
+        for k, v in data.items()
+        # a removed v4 argument at the value it was always written with (older training_args.json)
+        if k in known or v != REMOVED_V4_ARGS[k][0]
+    }
 
 
 def read_json_file(path: str | os.PathLike[str]) -> dict[str, Any]:

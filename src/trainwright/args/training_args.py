@@ -28,7 +28,7 @@ from typing import Any, Literal, Union
 import torch
 
 from trainwright.args import process_state, properties, serialization, validation
-from trainwright.args.aliases import V4_V5_CHOICES
+from trainwright.args.aliases import V4_V5_CHOICES, takes_removed_v4_args
 from trainwright.args.checks import (
     DDP_BACKENDS,
     DICT_FIELDS,
@@ -78,6 +78,7 @@ def _arg(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = N
 # ------------------------------------------------------------------------------- the dataclass
 
 
+@takes_removed_v4_args  # save_safetensors=True, as a v4 script passes it
 @dataclass(repr=False)
 class TrainingArguments:
     """Everything that configures a `Trainer` run; validated in `__post_init__`.
@@ -221,7 +222,6 @@ class TrainingArguments:
     save_strategy: SaveStrategy | str = _arg("steps", "When to save: no, steps, epoch or best.")
     save_steps: float = _arg(500, "Save every N steps (int), or every fraction of the run (float < 1).")
     save_total_limit: int | None = _arg(None, "Keep at most this many checkpoints (plus the best one).")
-    save_safetensors: bool = _arg(True, "v4: always True (weights are always safetensors).")
     save_on_each_node: bool = _arg(False, "Write checkpoints on every node (no shared filesystem).")
     save_only_model: bool = _arg(False, "Save only the model (no optimizer/scheduler/RNG: no resume).")
     save_max_shard_size: str = _arg("5GB", "Largest safetensors shard, e.g. '5GB', '500MiB'.")
@@ -476,6 +476,7 @@ class TrainingArguments:
             yield
 
 
+@takes_removed_v4_args
 @dataclass(repr=False)
 class Seq2SeqTrainingArguments(TrainingArguments):
     """`TrainingArguments` plus the generation settings of `Seq2SeqTrainer`."""

@@ -17,6 +17,10 @@ Public API (re-exported by `trainwright.checkpoint`):
   `load_rng_state(directory, rank=0, world_size=1) -> bool` (False, with a warning, when the file is
   missing; a damaged or unsafe file is an error naming it).
 * `RngState`: the same as a checkpoint part (`state_dict` / `load_state_dict`).
+* `LOOK_AHEAD`: the key under which a checkpoint's RNG file also holds the state from before the
+  training loader's batch in hand was fetched (a loader that fetches one ahead, as accelerate's),
+  in the same layout; transformers' `_load_rng_state` reads only its own keys.
+* `saved_look_ahead(directory, rank, world_size)`: that entry, or None.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import numpy as np
 import torch
 
 from trainwright.checkpoint.files import RNG_STATE_NAME, CheckpointError, safe_torch_load, save_torch_state
+
+LOOK_AHEAD = "look_ahead"
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -158,6 +164,18 @@ def load_rng_state(
             "(the resumed run is then not bit-exact), or resume from an earlier checkpoint."
         ) from exc
     return True
+
+
+def saved_look_ahead(
+    directory: str | os.PathLike, rank: int = 0, world_size: int = 1
+) -> dict[str, Any] | None:
+    """The `LOOK_AHEAD` entry of this rank's RNG file in `directory` (None without one, or without the
+    file, whose absence `load_rng_state` reports)."""
+    if not os.path.isfile(rng_state_file(directory, rank, world_size)):
+        return None
+    found: list[Any] = []
+    load_rng_state(directory, rank, world_size, restore=lambda state: found.append(state.get(LOOK_AHEAD)))
+    return found[0] if found else None
 
 
 class RngState:

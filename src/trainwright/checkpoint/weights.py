@@ -13,6 +13,8 @@ transformers' `save_pretrained`, and loading either (or `pytorch_model.bin`, wei
   `pytorch_model.bin` through `torch.load(weights_only=True)`); keys and shapes are checked before any
   weight is copied, and in a folder with a manifest (`checkpoint_complete.json`) only the files it
   lists are read.
+* `check_load_result(model, result)`: a subclass's own `load_state_dict(strict=False)` result, judged as
+  `strict=True` would (tied keys the model leaves out of its saves are tied again).
 * `safetensors_problem(path)`: a cheap check (header against size) before a resume loads anything.
 """
 
@@ -433,6 +435,25 @@ def load_model_weights(
             stacklevel=2,
         )
     return WeightsLoadResult(missing, unexpected)
+
+
+def check_load_result(model: torch.nn.Module, result: Any) -> None:
+    """A subclass's own load (`load_state_dict(..., strict=False)`, GLiNER's `_load_from_checkpoint`)
+    judged as `load_model_weights(strict=True)` judges one: the keys the model leaves out of its saves
+    (`_keys_to_ignore_on_save`, tied to kept weights) are tied again, as transformers does; any other
+    missing or unexpected key raises `CheckpointError` naming them (transformers warns and trains on
+    from partly initialised weights)."""
+    missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
+    ignored = getattr(model, "_keys_to_ignore_on_save", None)
+    if missing and ignored and set(missing) == set(ignored):
+        model.tie_weights()  # type: ignore[operator]
+        missing = []
+    if missing or unexpected:
+        parts = [f"missing keys {_preview(missing)}"] if missing else []
+        parts += [f"unexpected keys {_preview(unexpected)}"] if unexpected else []
+        raise CheckpointError(
+            f"the checkpoint loaded into {type(model).__name__} does not match it: " + "; ".join(parts)
+        )
 
 
 def safetensors_problem(path: str) -> str | None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, Protocol, cast
@@ -101,6 +102,7 @@ class Engine:
         ):
             if getattr(self.args, arg, None) is not None:
                 kwargs[option] = getattr(self.args, arg)
+        kwargs.setdefault("find_unused_parameters", find_unused_default(self.args, model))
         device = self.runtime.device
         device_ids = [device.index] if device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids, **kwargs)
@@ -139,17 +141,17 @@ class Engine:
             self._backward, self._clip, self._step = partial(lomo_backward, optimizer), _no_clip, _applied
             return
         norm = self._grad_norm(model)
+        # without clipping the norm is still measured (an infinite bound), as transformers logs it
+        bound = float("inf") if max_norm is None else max_norm
         if scaler is None:
             self._backward, self._step = torch.Tensor.backward, partial(_plain_step, optimizer)
-            self._clip = _no_clip if max_norm is None else partial(norm, max_norm)
+            self._clip = partial(norm, bound)
             return
         self._backward, self._step = (
             partial(_scaled_backward, scaler),
             partial(_scaled_step, scaler, optimizer),
         )
-        self._clip = (
-            _no_clip if max_norm is None else partial(_unscaled_clip, scaler, optimizer, norm, max_norm)
-        )
+        self._clip = partial(_unscaled_clip, scaler, optimizer, norm, bound)
 
     def _grad_norm(self, model: nn.Module) -> Callable[[float], torch.Tensor]:
         """Clip the gradients to a norm and return theirs before clipping."""
@@ -169,7 +171,8 @@ class Engine:
         self._backward(loss)
 
     def clip(self) -> torch.Tensor | None:
-        """Clip to `max_grad_norm`; the norm before clipping, or None when nothing was clipped here."""
+        """Clip to `max_grad_norm`; the norm before clipping (measured without clipping where it is 0 or
+        None, as transformers logs it), or None where the step clips itself (LOMO)."""
         return self._clip()
 
     def step(self, grad_norm: Any) -> tuple[bool, Any]:
@@ -378,3 +381,17 @@ def _scaled_step(scaler: Any, optimizer: torch.optim.Optimizer) -> bool:
     scaler.step(optimizer)
     scaler.update()
     return scaler.get_scale() >= scale
+
+
+def find_unused_default(args: Any, model: nn.Module) -> bool:
+    """DDP's `find_unused_parameters` where `ddp_find_unused_parameters` is not given, as transformers
+    decides it: off for a transformers model that checkpoints activations (the two do not go
+    together), else on (a library's wrapper may leave parameters out of a step: BERT's pooler under
+    a sentence-transformers model)."""
+    modeling = sys.modules.get("transformers.modeling_utils")
+    if modeling is not None and isinstance(model, modeling.PreTrainedModel):
+        checkpointing = getattr(model, "is_activation_checkpointing", None)
+        if checkpointing is None:
+            checkpointing = getattr(model, "is_gradient_checkpointing", False)
+        return not (bool(checkpointing) or bool(args.activation_checkpointing))
+    return True

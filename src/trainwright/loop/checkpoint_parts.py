@@ -30,7 +30,7 @@ from torch import nn
 import trainwright.checkpoint as ckpt
 from trainwright.checkpoint import adapters
 from trainwright.checkpoint.layout import declared_spec, spec
-from trainwright.checkpoint.rng import RngState
+from trainwright.checkpoint.rng import LOOK_AHEAD, RngState, saved_look_ahead
 from trainwright.checkpoint.weights import model_state_dict
 from trainwright.core.events import CallbackHandler
 from trainwright.core.modules import is_peft_model
@@ -94,7 +94,7 @@ def build_parts(
     if with_optimizer:
         if trainer.scaler is not None:
             parts["scaler"] = trainer.scaler
-        parts["rng"] = RngPart(trainer)
+        parts["rng"] = RngPart(trainer, run)
     parts["data_state"] = data_state
     parts["trainer_state"] = TrainerStateFile(trainer)
     for cb in trainer.callback_handler.callbacks:  # callbacks that are checkpoint parts of their own
@@ -243,13 +243,26 @@ class SchedulerPart:
 
 
 class RngPart(RngState):
-    """This process's random generators; restored through the Trainer's `_load_rng_state` hook."""
+    """This process's random generators; restored through the Trainer's `_load_rng_state` hook. With a
+    training loader that fetches one batch ahead (`trainer.accelerator.prepare`'s), also the state from
+    before its batch in hand was fetched (`LOOK_AHEAD`), which the resumed epoch fetches it from."""
 
-    def __init__(self, trainer: CheckpointedTrainer) -> None:
-        self.trainer = trainer
+    def __init__(self, trainer: CheckpointedTrainer, run: TrainingRun) -> None:
+        self.trainer, self.run = trainer, run
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        ahead = getattr(self.run.dataloader, "look_ahead_rng", None)
+        if ahead is not None:
+            state[LOOK_AHEAD] = ahead
+        return state
 
     def load(self, folder: str) -> None:
         self.trainer._load_rng_state(folder)
+        continue_from = getattr(self.run.dataloader, "continue_from", None)
+        if callable(continue_from):
+            runtime = self.trainer.runtime
+            continue_from(saved_look_ahead(folder, runtime.rank, runtime.world_size))
 
 
 # ---------------------------------------------------------------------- position and state

@@ -225,6 +225,8 @@ class TrainingRun:
             return iter(dataloader)
         skip = 0 if self.iterable_restored else self.cursor.batch_in_epoch
         self.iterable_restored = False
+        if skip and callable(continue_epoch := getattr(dataloader, "continue_epoch", None)):
+            return continue_epoch(skip)  # trainer.accelerator.prepare's loader: it keeps the RNG state itself
         if skip:
             # the checkpoint's RNG state is where the step after the skipped batches starts: what
             # loading them draws (a loader's base seed, a collator's masks) must not move it

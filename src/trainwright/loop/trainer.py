@@ -20,6 +20,7 @@ from torch import nn
 
 from trainwright.args.training_args import TrainingArguments
 from trainwright.checkpoint.rng import capture_rng_state, restore_rng_state
+from trainwright.checkpoint.weights import check_load_result
 from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import TrainerState
 from trainwright.distributed.engine import load_weights
@@ -440,6 +441,12 @@ class Trainer(TrainerAPI):
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         """Load a checkpoint's weights into `model` (default: the Trainer's)."""
         load_weights(model if model is not None else self.model, resume_from_checkpoint)
+
+    def _issue_warnings_after_load(self, load_result: Any) -> None:
+        """What a subclass's `_load_from_checkpoint` calls on its `load_state_dict(strict=False)`
+        result (GLiNER's): keys the model leaves out of its saves are tied again, as upstream; any
+        other missing or unexpected key is an error naming them, where upstream warns and trains on."""
+        check_load_result(self.model, load_result)
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
         """Restore this process's random generators from a checkpoint folder (a missing file warns,

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainwright.args.aliases import takes_removed_v4_args
 from trainwright.args.serialization import jsonable
 from trainwright.args.training_args import TrainingArguments
 
@@ -79,7 +80,6 @@ HONOURED = frozenset(
         "preemption_signals",
         "enable_jit_checkpoint",
         # defaults that describe what TF does anyway (a non-default value is refused below)
-        "save_safetensors",
         "dataloader_pin_memory",
         "remove_unused_columns",
         "half_precision_backend",
@@ -92,9 +92,7 @@ HONOURED = frozenset(
 )
 
 # Shared fields whose default the TF side cannot honour but which, at that default, mean nothing here.
-_INERT_AT_DEFAULT = frozenset(
-    {"save_safetensors", "dataloader_pin_memory", "remove_unused_columns", "half_precision_backend"}
-)
+_INERT_AT_DEFAULT = frozenset({"dataloader_pin_memory", "remove_unused_columns", "half_precision_backend"})
 _INERT_AT_DEFAULT |= {"fp16_backend", "ddp_timeout", "hub_strategy", "project", "ray_scope"}
 
 # Optimizer names: the AdamW family maps to keras.optimizers.AdamW, "sgd" to keras.optimizers.SGD.
@@ -128,6 +126,7 @@ def _is_default(value: Any, default: Any) -> bool:
     return not value and not default and value is not False and default is not False
 
 
+@takes_removed_v4_args
 @dataclass(repr=False)
 class TFTrainingArguments(TrainingArguments):
     """`TrainingArguments` for `TFTrainer` (TensorFlow 2, Keras 3).
