@@ -1,7 +1,9 @@
 """TRL's trainers on trainwright, against the same script on transformers (tests/jobs/trl_job.py run with
 `python` and with `python -m trainwright run`): SFT (full, LoRA, packing), DPO (a reference model,
-`ref_model=None` from a folder, LoRA), the reward trainer and GRPO (generation, a Python reward),
-and the other trainers TRL builds on the Trainer (KTO, RLOO, distillation; ORPO, CPO, GKD).
+`ref_model=None` from a folder, LoRA), the reward trainer (with a `compute_metrics`; in bf16 over 20
+steps), GRPO (generation, a Python reward; a `rollout_func`; the adaptive entropy bonus, whose
+controller resumes from the checkpoint), and the other trainers TRL builds on the Trainer (KTO, RLOO,
+distillation; ORPO, CPO, GKD).
 
 Each scenario's logged losses and metrics (evaluation included) equal transformers' (relative 1e-5),
 the files it leaves are transformers' (plus trainwright's own), and trainwright's guarantees hold
@@ -24,17 +26,8 @@ pytest.importorskip("trl")
 pytest.importorskip("peft")
 
 JOB = job("trl_job.py")
-SCENARIOS = [
-    "sft",
-    "sft_lora",
-    "sft_pack",
-    "sft_padding_free",
-    "dpo",
-    "dpo_none",
-    "dpo_lora",
-    "reward",
-    "grpo",
-]
+SCENARIOS = ["sft", "sft_lora", "sft_pack", "sft_padding_free", "dpo", "dpo_none", "dpo_lora", "reward"]
+SCENARIOS += ["reward_metrics", "reward_bf16", "grpo", "grpo_rollout", "grpo_entropy"]
 # the other trainers TRL builds on the Trainer (the last three are experimental): trained only
 OTHERS = ["kto", "rloo", "distillation", "orpo", "cpo", "gkd"]
 
@@ -59,6 +52,8 @@ def test_trl_trainer_runs_on_trainwright_as_on_transformers(runs, scenario):
     assert hf["base"] == "transformers.trainer" and tw["base"] == "trainwright.loop.trainer"
     lr.assert_same_history(hf["history"], tw["history"])
     assert scenario in OTHERS or any("eval_loss" in row for row in tw["history"])
+    if scenario == "reward_metrics":  # compute_metrics was called, on every score, without labels
+        assert any(row.get("eval_labels") == 0 and "eval_mean_score" in row for row in tw["history"])
     lr.assert_same_files(hf["files"], tw["files"], {"config.json", "generation_config.json"})
 
 

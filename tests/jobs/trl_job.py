@@ -3,9 +3,12 @@ imported): run with `python trl_job.py CFG` they train on transformers, with
 `python -m trainwright run trl_job.py CFG` on trainwright (tests/app/test_trl.py runs both).
 
 CFG is JSON: {"scenarios": [...], "root": dir, "tokenizer": dir, "report": file.json, options}.
-Scenarios: sft, sft_lora, sft_pack, sft_padding_free, dpo (a reference model), dpo_none (`ref_model=None`, the model
-loaded from a folder), dpo_lora, reward, grpo (generation through `model.generate`, a Python reward);
-and the other trainers built on the Trainer: kto, rloo, distillation, orpo, cpo, gkd (training only).
+Scenarios: sft, sft_lora, sft_pack, sft_padding_free (TRL's own padding_free), dpo (a reference model), dpo_none (`ref_model=None`, the model
+loaded from a folder), dpo_lora, reward, reward_metrics (with a `compute_metrics`), reward_bf16
+(RewardConfig's default bf16, 20 steps), grpo (generation through `model.generate`, a Python reward),
+grpo_rollout (a `rollout_func` whose extra field goes to the reward), grpo_entropy (the adaptive
+entropy bonus, its controller's state in each checkpoint); and the other trainers built on the
+Trainer: kto, rloo, distillation, orpo, cpo, gkd (training only).
 Each trains 4 steps (a checkpoint every 2) and reports its log history, the files it wrote and the
 base class its trainer has. Options: "resumed" (a second trainer per scenario resumes checkpoint-2 in
 this process; its final weights are compared with the first's), "async" (a third run with async_save,
@@ -29,6 +32,39 @@ from kit import library_jobs as jobs  # noqa: E402
 from peft import LoraConfig  # noqa: E402
 
 
+def guess_rollout(prompts, trainer):
+    """A custom rollout (an environment instead of `generate`): each completion a guess drawn from
+    torch's generator, then EOS; the guesses also go to the reward function as a field of their own."""
+    import torch
+
+    tok = trainer.processing_class
+    guesses = torch.randint(0, 20, (len(prompts),)).tolist()
+    return {
+        "prompt_ids": [tok(p, add_special_tokens=False)["input_ids"] for p in prompts],
+        "completion_ids": [[tok.convert_tokens_to_ids(str(g)), tok.eos_token_id] for g in guesses],
+        "logprobs": [[0.0, 0.0] for _ in guesses],
+        "guess": guesses,
+    }
+
+
+def reward_guess(completions, prompts, guess, **kwargs):
+    """How close the rollout's guess is to the prompt's sum ("what is 3 plus 4 ?")."""
+    sums = [min(int(p.split()[2]) + int(p.split()[4]), 19) for p in prompts]
+    return [-abs(g - s) / 10 for g, s in zip(guess, sums)]
+
+
+def reward_metrics(prediction):
+    """The reward trainer's evaluation predictions: every pair's two scores (no labels: an empty tuple)."""
+    import numpy as np
+
+    scores = np.asarray(prediction.predictions).reshape(-1)
+    return {
+        "mean_score": float(scores.mean()),
+        "top_score": float(scores.max()),
+        "labels": len(prediction.label_ids),
+    }
+
+
 def build(scenario: str, tok, out: str, cfg: dict, **overrides):
     kw = dict(
         output_dir=out,
@@ -46,6 +82,8 @@ def build(scenario: str, tok, out: str, cfg: dict, **overrides):
         disable_tqdm=True,
         seed=5,
     )
+    if scenario == "reward_bf16":  # RewardConfig's own default, over 20 steps
+        kw.update(bf16=True, max_steps=20)
     kw.update(cfg.get("args", {}), **overrides)
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
     common = dict(processing_class=tok, callbacks=jobs.callbacks(cfg))
@@ -75,24 +113,31 @@ def build(scenario: str, tok, out: str, cfg: dict, **overrides):
         if not os.path.isdir(folder):
             eco.llama(tok).save_pretrained(folder)
         return trl.DPOTrainer(model=folder, ref_model=None, args=args, **data, **common)
-    if scenario == "reward":
+    if scenario.startswith("reward"):
         args = trl.RewardConfig(**kw)
         return trl.RewardTrainer(
             model=eco.llama_classifier(tok),
             args=args,
             train_dataset=eco.preferences(),
             eval_dataset=eco.preferences(8, 9),
+            compute_metrics=reward_metrics if scenario == "reward_metrics" else None,
             **common,
         )
-    if scenario == "grpo":
+    if scenario.startswith("grpo"):
         kw.update(num_generations=4, max_completion_length=8)
+        if scenario == "grpo_entropy":  # the target above any entropy: the coefficient grows every step
+            kw.update(
+                entropy_coef=0.01, use_adaptive_entropy=True, entropy_target=15.0, entropy_coef_delta=0.05
+            )
         args = trl.GRPOConfig(**kw)
+        rollout = dict(rollout_func=guess_rollout) if scenario == "grpo_rollout" else {}
         return trl.GRPOTrainer(
             model=eco.llama(tok),
-            reward_funcs=eco.reward_len,
+            reward_funcs=reward_guess if rollout else eco.reward_len,
             args=args,
             train_dataset=eco.prompts(),
             eval_dataset=eco.prompts(8, 9),
+            **rollout,
             **common,
         )
     return build_more(scenario, tok, kw, common)

@@ -35,6 +35,8 @@ HOOKS = [
     "_save_checkpoint",
     "_save",
     "_load_from_checkpoint",
+    "_load_optimizer_and_scheduler",
+    "_get_output_dir",
     "_load_best_model",
     "_prepare_inputs",
     "_issue_warnings_after_load",  # called by a subclass's _load_from_checkpoint (GLiNER's)

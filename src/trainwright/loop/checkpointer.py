@@ -51,6 +51,8 @@ logger = logging.getLogger(__name__)
 # Upstream hooks that, when a subclass overrides them, must run as upstream runs them (in the
 # training thread, on the live model): their saves are synchronous.
 _HOOKS = ("_save_checkpoint", "_save", "save_model")
+# the parts upstream's `_load_optimizer_and_scheduler` loads
+OPTIMIZER_PARTS = ("optimizer", "scheduler")
 
 
 def run_dir(trainer: CheckpointedTrainer, trial: Any) -> str:
@@ -92,7 +94,7 @@ class Checkpointer:
         self.args, self.runtime = trainer.args, trainer.runtime
         self.main = writes_once(self.args, self.runtime)
         self.manager = CheckpointManager(self.runtime, main=self.main)
-        self.folder = run_dir(trainer, run.trial)
+        self.folder = trainer._get_output_dir(run.trial)
         # checkpoints in the folder that are not this run's: never rotated away
         self.foreign = self._foreign(resume_from) if self.main else []
         self.writer: AsyncCheckpointWriter | None = None  # made at the first background save
@@ -101,6 +103,7 @@ class Checkpointer:
         self._collectives: GroupCollectives | None = None  # its process group, with several processes
         self._said: set[str] = set()
         self._last_step: int | None = None  # the step of this run's last checkpoint
+        self._deferred: dict[str, Any] | None = None  # the parts a resume leaves to a subclass's hook
 
     @property
     def trainer(self) -> CheckpointedTrainer:
@@ -274,7 +277,17 @@ class Checkpointer:
         parts = build_parts(self.trainer, self.run, main=self.main, restore_from=path)
         if self.args.save_only_model and self.manager.has(path, "optimizer"):
             logger.warning("save_only_model=True: resuming the weights of %s with a fresh optimizer.", path)
+        # a subclass's `_load_optimizer_and_scheduler` is called as upstream calls it: after the rest,
+        # loading the optimizer and the schedule through its super() (or not), then its own state
+        hooked = self.trainer._overrides("_load_optimizer_and_scheduler")
+        deferred = {name: parts.pop(name) for name in OPTIMIZER_PARTS if name in parts} if hooked else {}
         self.manager.load(path, parts)
+        if hooked:
+            self._deferred = deferred
+            try:
+                self.trainer._load_optimizer_and_scheduler(path)
+            finally:
+                self._deferred = None
         cursor = self.run.cursor
         # data_state.json's, not trainer_state's
         self.trainer.state.optimizer_step_attempts = cursor.steps_attempted
@@ -286,6 +299,15 @@ class Checkpointer:
             cursor.epoch,
             cursor.batch_in_epoch,
         )
+
+    def load_optimizer_and_scheduler(self, path: str) -> None:
+        """`Trainer._load_optimizer_and_scheduler`: the optimizer's and the schedule's state of
+        checkpoint `path` (during a resume, the parts `restore` left to the hook)."""
+        parts = self._deferred
+        if parts is None:
+            built = build_parts(self.trainer, self.run, main=self.main, restore_from=path)
+            parts = {name: built[name] for name in OPTIMIZER_PARTS if name in built}
+        self.manager.load(path, parts)
 
     def _say_if_nothing_left(self, path: str) -> None:
         """A resume whose checkpoint is already at (or past) this run's end trains no step: say so."""

@@ -24,6 +24,7 @@ from trainwright.callbacks.jit_checkpoint import jit_checkpoint_callbacks
 from trainwright.core.enums import DebugOption
 from trainwright.core.events import TrainerCallback
 from trainwright.core.runtime import Runtime
+from trainwright.distributed.collectives import to_float32
 from trainwright.distributed.device_cache import EmptyCacheEvery
 from trainwright.modeling import debug_underflow, lean_activations, liger, neftune
 from trainwright.modeling.past_state import PastState, PastStateCallback
@@ -138,6 +139,29 @@ class EmptyCache(PlugIn):
         return self.every.attach(module, state)
 
 
+class Float32Outputs(PlugIn):
+    """`bf16` / `fp16`: the trained model's half-precision outputs come back as float32 while
+    train() runs, as from the forward accelerate prepares upstream; a loss a library computes from
+    the outputs (TRL's reward trainer: a log-sigmoid of the scores) runs on float32 as there."""
+
+    def around_train(self, model: nn.Module) -> AbstractContextManager[Any]:
+        return float32_outputs(model)
+
+
+@contextlib.contextmanager
+def float32_outputs(model: nn.Module) -> Iterator[None]:
+    """While in it, `model`'s float16 / bfloat16 outputs come back as float32 (a forward hook)."""
+    handle = model.register_forward_hook(_to_float32_hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _to_float32_hook(module: nn.Module, args: Any, output: Any) -> Any:
+    return to_float32(output)
+
+
 # In this order: callbacks join the Trainer's in it; contexts are entered in it (left in reverse).
 PLUGINS = [
     Row(
@@ -151,6 +175,7 @@ PLUGINS = [
     Row("neftune_noise_alpha", lambda a: a.neftune_noise_alpha is not None, NEFTune),
     Row("lean_activations", lambda a: feature(a, "lean_activations"), LeanActivations),
     Row("torch_empty_cache_steps", lambda a: bool(a.torch_empty_cache_steps), EmptyCache),
+    Row("bf16 / fp16", lambda a: bool(a.bf16 or a.fp16), lambda host: Float32Outputs()),
 ]
 
 

@@ -9,6 +9,7 @@ loop's trainer.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -26,6 +27,7 @@ from trainwright.core.events import CallbackHandler
 from trainwright.core.runtime import Runtime
 from trainwright.core.state import TrainerControl, TrainerState
 from trainwright.data.distribute import same_mapping
+from trainwright.loop import plugins
 from trainwright.loop.eval_batches import deals_whole_batches, real_batches
 from trainwright.loop.evaluation import EvalGatherer, EvalResult
 from trainwright.loop.evaluator import Evaluation
@@ -193,7 +195,11 @@ def evaluation_loop(
         optimizer.eval()
     trainer.callback_handler.eval_dataloader = dataloader
     evaluation = build_evaluation(trainer, model, dataloader, description, prediction_loss_only, ignore_keys)
-    result, metrics = evaluation.run()  # the samples evaluated: the sampler's repeats cut before the forward
+    # mixed precision: float32 outputs, as from upstream's prepared forward (train() holds them already)
+    mixed = (trainer.args.bf16 or trainer.args.fp16) and not trainer.is_in_train
+    with plugins.float32_outputs(model) if mixed else contextlib.nullcontext():
+        # the samples evaluated: the sampler's repeats cut before the forward
+        result, metrics = evaluation.run()
     if evaluation.batch_metrics is None:
         metrics = _metrics_of(trainer, result) or metrics
     metrics = denumpify_detensorize(dict(metrics or {}))
@@ -294,13 +300,18 @@ def prediction_step(
     """(loss, logits, labels) for one batch, without gradients."""
     has_labels = bool(trainer.label_names) and all(inputs.get(k) is not None for k in trainer.label_names)
     return_loss = inputs.get("return_loss")
-    loss_without_labels = bool(return_loss) if return_loss is not None else trainer.can_return_loss
+    # as upstream: a loss without labels only where there are no label names (TRL's reward trainer
+    # empties them); a batch missing its named labels is predicted without a loss
+    loss_without_labels = not trainer.label_names and (
+        bool(return_loss) if return_loss is not None else trainer.can_return_loss
+    )
     inputs = trainer._prepare_inputs(inputs)
     if ignore_keys is None:
         config = getattr(model, "config", None)
         ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", ["past_key_values"]) or [])
     labels = None
-    if has_labels:
+    if has_labels or loss_without_labels:
+        # without label names the labels are an empty tuple, not None: `compute_metrics` is still called
         found = tuple(nested_detach(inputs.get(name)) for name in trainer.label_names)
         labels = found[0] if len(found) == 1 else found
     loss = None

@@ -77,7 +77,7 @@ class Trainer(TrainerAPI):
         lock = None
         try:
             # writable, and no other run writing it (a search trial: its run folder)
-            lock = claim_output_dir(self, run_dir(self, trial))
+            lock = claim_output_dir(self, self._get_output_dir(trial))
             with plugins.around_train(self._plugins, self.model), hub.quiet_progress_bars(args.push_to_hub):
                 try:
                     output = inner_training_loop(
@@ -402,6 +402,11 @@ class Trainer(TrainerAPI):
                 self.control.should_save = is_new_best
         run.stop_if_preempted(self.control)  # arrived during the evaluation: save and stop all the same
 
+    def _get_output_dir(self, trial: Any) -> str:
+        """Where this run's checkpoints go: output_dir, or a search trial's folder in it (upstream's
+        hook: a subclass's override moves them; TRL's GRPO writes files of its own there)."""
+        return run_dir(self, trial)
+
     def _save_checkpoint(self, model: nn.Module | None = None, trial: Any = None) -> None:
         assert self._run is not None  # checkpoints are saved while a run trains
         path = self._run.checkpointer.save()
@@ -447,6 +452,20 @@ class Trainer(TrainerAPI):
         result (GLiNER's): keys the model leaves out of its saves are tied again, as upstream; any
         other missing or unexpected key is an error naming them, where upstream warns and trains on."""
         check_load_result(self.model, load_result)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """Load the optimizer's and the schedule's state of checkpoint `checkpoint` (None: nothing).
+        Upstream's hook: a subclass's override is called at a resume, after the weights and the rest
+        of the checkpoint; its super() call loads these two (TRL's GRPO then reads its entropy
+        controller's file), without it they start anew."""
+        if checkpoint is None:
+            return
+        if self._run is None:
+            raise RuntimeError(
+                "_load_optimizer_and_scheduler loads into a training run: call it from train() (a "
+                "subclass's override is called there), or resume with train(resume_from_checkpoint=...)."
+            )
+        self._run.checkpointer.load_optimizer_and_scheduler(checkpoint)
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
         """Restore this process's random generators from a checkpoint folder (a missing file warns,

@@ -88,6 +88,12 @@ class TrainerAPI(TrainerSetup):
         """accelerate's `Accelerator` surface over this Trainer's runtime and run (accelerator_facade.py)."""
         return self._accelerator
 
+    @accelerator.setter
+    def accelerator(self, value: Any) -> None:
+        # upstream's is a plain attribute: a library (or TRL's tests, on a Trainer made with
+        # object.__new__) puts its own there, and the code that reads trainer.accelerator gets it
+        self._accelerator = value
+
     @property
     def current_gradient_accumulation_steps(self) -> int:
         """Micro-batches in the step being taken (upstream's attribute; the argument outside a step)."""
