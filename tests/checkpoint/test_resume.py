@@ -401,3 +401,61 @@ def test_skipped_batches_of_a_library_loader_leave_the_checkpoints_rng_as_it_was
         resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))
     for (name, a), b in zip(whole.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_a_resume_onto_other_rows_of_the_same_length_says_so(make_args, tmp_path, caplog):
+    """data_state.json records a `datasets` training set's fingerprint: resumed onto other rows of the
+    same length (the length check cannot see it), the run says so; onto the same rows, rebuilt the
+    same way, it says nothing."""
+    datasets = pytest.importorskip("datasets")
+
+    def rows(seed: int):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(32, 8, generator=g)
+        data = datasets.Dataset.from_dict({"x": x.tolist(), "labels": x.sum(-1).tolist()})
+        return data.map(lambda r: {"labels": r["labels"] * 2.0}).with_format("torch")
+
+    def trainer(out: str, data) -> Trainer:
+        args = make_args(
+            max_steps=4, save_strategy="steps", save_steps=2, output_dir=out, per_device_train_batch_size=8
+        )
+        return Trainer(model=_LinearModel(), args=args, train_dataset=data)
+
+    trainer(str(tmp_path / "a"), rows(0)).train()
+    with open(tmp_path / "a" / "checkpoint-2" / "data_state.json") as f:
+        assert json.load(f)["dataset_fingerprint"] == rows(0)._fingerprint
+    checkpoint = str(tmp_path / "a" / "checkpoint-2")
+    with caplog.at_level("WARNING", logger="trainwright"):
+        trainer(str(tmp_path / "same"), rows(0)).train(resume_from_checkpoint=checkpoint)
+    assert "fingerprint" not in caplog.text
+    with caplog.at_level("WARNING", logger="trainwright"):
+        trainer(str(tmp_path / "other"), rows(1)).train(resume_from_checkpoint=checkpoint)
+    assert f"fingerprint differs from the checkpoint's ({rows(0)._fingerprint} in it" in caplog.text
+
+
+class _NoisyStream(torch.utils.data.IterableDataset):
+    """An iterable dataset loaded in the main process that draws from torch's RNG for each sample
+    (an augmentation): a resume loads the samples it skips."""
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(0)
+        for _ in range(32):
+            x = torch.randn(8, generator=g)
+            yield {"x": x + 0.01 * torch.randn(8), "labels": x.sum()}
+
+
+def test_skipped_batches_of_an_iterable_dataset_leave_the_checkpoints_rng_as_it_was(make_args, tmp_path):
+    from kit.models import DropoutMLP
+
+    def trainer(out: str) -> Trainer:
+        args = make_args(max_steps=6, save_strategy="steps", save_steps=2, output_dir=out, learning_rate=0.1)
+        torch.manual_seed(0)
+        return Trainer(model=DropoutMLP(p=0.3), args=args, train_dataset=_NoisyStream())
+
+    whole = trainer(str(tmp_path / "whole"))
+    whole.train()
+    resumed = trainer(str(tmp_path / "resumed"))
+    with pytest.warns(UserWarning, match="Skipping 2 batches by iterating"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))
+    for (name, a), b in zip(whole.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name

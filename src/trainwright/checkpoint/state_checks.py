@@ -119,6 +119,7 @@ _DATA_STATE_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
     "sampler": (lambda v: isinstance(v, dict), "an object"),
     "seed": (_optional(_is_count), "a seed (an integer in [0, 2**63))"),
+    "dataset_fingerprint": (_optional(lambda v: isinstance(v, str)), "a string or null"),
 }
 # the resumable sampler's state (a sampler of another kind keeps other fields: only these are read)
 _SAMPLER_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {

@@ -25,6 +25,13 @@ def is_hf_map_dataset(obj: Any) -> bool:
     return module is not None and isinstance(obj, module.Dataset)
 
 
+def fingerprint(dataset: Any) -> str | None:
+    """A `datasets` dataset's fingerprint (a hash of its source and the operations that made it), else
+    None. Only for a dataset that has one: two with the same length and other rows differ in it."""
+    value = getattr(dataset, "_fingerprint", None) if is_hf_map_dataset(dataset) else None
+    return value if isinstance(value, str) else None
+
+
 def is_iterable_dataset(dataset: Any) -> bool:
     """True for datasets a sampler cannot index: torch/datasets IterableDatasets or no ``__len__``."""
     module = sys.modules.get("datasets")

@@ -35,6 +35,7 @@ from trainwright.checkpoint.weights import model_state_dict
 from trainwright.core.events import CallbackHandler
 from trainwright.core.modules import is_peft_model
 from trainwright.core.state import ExportableState, LoopCursor, TrainerControl, TrainerState
+from trainwright.data.kinds import fingerprint
 from trainwright.loop import resume
 from trainwright.loop.run import TrainingRun
 
@@ -291,6 +292,7 @@ class DataState:
             "cursor": run.cursor.to_dict(),
             "world_size": run.runtime.data_world_size,  # of the position: data-parallel ranks
             "dataset_length": len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None,
+            "dataset_fingerprint": fingerprint(dataset),  # a `datasets` dataset's: other rows, another one
             "seed": args.data_seed if args.data_seed is not None else args.seed,
             "loss_windows": self.loss_windows,
             "evaluation_pending": run.evaluation_pending,

@@ -18,6 +18,7 @@ import trainwright.checkpoint as ckpt
 from trainwright.args.training_args import TrainingArguments
 from trainwright.checkpoint.layout import PARTS
 from trainwright.core.state import LoopCursor
+from trainwright.data.kinds import fingerprint
 from trainwright.distributed import fsdp
 from trainwright.distributed.deepspeed import ENGINE_DIR
 
@@ -237,6 +238,7 @@ def check_position_args(
             "dataset of another length does not have. Resume with the checkpoint's dataset, or pass "
             "ignore_data_skip=True to restart the current epoch from its first batch."
         )
+    _say_other_rows(data_state, dataset, path)
     now: dict[str, Any] = {k: getattr(args, k) for k in POSITION_ARGS}
     now["world_size"] = world_size
     return {
@@ -244,6 +246,24 @@ def check_position_args(
         for k, v in now.items()
         if data_state.get(k, 1 if k == "world_size" else None) != v
     }
+
+
+def _say_other_rows(data_state: dict, dataset: Any, path: str) -> None:
+    """A `datasets` training set whose fingerprint is not the checkpoint's: said once (the position
+    is a count of samples, which in another dataset of the same length are other rows)."""
+    saved, now = data_state.get("dataset_fingerprint"), fingerprint(dataset)
+    if saved is None or now is None or saved == now:
+        return
+    logger.warning(
+        "Resuming from %s with a training set whose fingerprint differs from the checkpoint's (%s in it, "
+        "%s now): its rows may be other rows than those the run trained on, so the resumed epoch would "
+        "continue at the same position of another order. If the data is the same (a map() whose function "
+        "datasets could not hash gets a random fingerprint in each process), nothing is wrong; else resume "
+        "with the checkpoint's dataset, or pass ignore_data_skip=True to restart the epoch.",
+        path,
+        saved,
+        now,
+    )
 
 
 def say_geometry_change(
