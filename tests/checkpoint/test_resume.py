@@ -459,3 +459,39 @@ def test_skipped_batches_of_an_iterable_dataset_leave_the_checkpoints_rng_as_it_
         resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))
     for (name, a), b in zip(whole.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("stop", [2, 4], ids=["after-one-evaluation", "at-an-epoch-end"])
+def test_persistent_workers_resume_exactly(make_args, tmp_path, stop):
+    """With dataloader_persistent_workers, torch's loader draws its base seed from the global RNG at
+    its first iteration only: a resumed process's kept evaluation loader, and its training loader at
+    an epoch's start, have iterated in the run it continues, so they do not draw again."""
+    from kit.models import DropoutMLP
+
+    def trainer(out: str) -> Trainer:
+        args = make_args(
+            num_train_epochs=2,
+            per_device_train_batch_size=8,
+            save_strategy="steps",
+            save_steps=2,
+            eval_strategy="steps",
+            eval_steps=2,
+            output_dir=out,
+            learning_rate=0.1,
+            dataloader_num_workers=1,
+            dataloader_persistent_workers=True,
+        )
+        torch.manual_seed(0)
+        return Trainer(
+            model=DropoutMLP(p=0.3),
+            args=args,
+            train_dataset=VectorDataset(n=32),
+            eval_dataset=VectorDataset(n=16),
+        )
+
+    whole = trainer(str(tmp_path / "whole"))
+    whole.train()
+    resumed = trainer(str(tmp_path / "resumed"))
+    resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / f"checkpoint-{stop}"))
+    for (name, a), b in zip(whole.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name

@@ -163,6 +163,9 @@ class EpochSeededDataLoader(DataLoader):
         self.rank = rank
         self._epoch_getter = epoch_getter
         self._epoch = 0
+        # an iteration has started (in this process, or, where a resume says so, in the run it
+        # continues): with persistent workers torch draws its base seed at the first one only
+        self.started = False
         super().__init__(
             dataset,
             generator=torch.Generator(),
@@ -200,12 +203,13 @@ class EpochSeededDataLoader(DataLoader):
 
     def iterate(self, from_start: bool = True) -> Iterator[Any]:
         """An iterator over the epoch; `from_start=False`: the iteration continues a resumed epoch."""
-        if from_start and (self._iterator is None or not self.persistent_workers):
+        if from_start and not (self.persistent_workers and self.started):
             # torch's loader draws its base seed from the global RNG when an iterator starts; so does
             # this one (then unused), so the model's random stream (dropout, sampling in generate)
             # advances as under a plain DataLoader, as in transformers' runs. A resumed epoch does
             # not draw: the checkpoint's RNG state was taken after its start's draw.
             torch.empty((), dtype=torch.int64).random_()
+        self.started = True
         self.generator.manual_seed(_derive_seed("workers", self.seed, self.epoch, self.rank))
         iterator = super().__iter__()
         return _NamedTimeout(iterator, self.timeout) if self.timeout and self.num_workers > 0 else iterator

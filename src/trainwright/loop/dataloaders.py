@@ -26,6 +26,7 @@ class DataTrainer(Protocol):
 
     args: TrainingArguments
     runtime: Any
+    state: Any
     train_dataset: Any
     eval_dataset: Any
     data_collator: Callable
@@ -154,7 +155,15 @@ def eval_dataloader(trainer: DataTrainer, eval_dataset: Any) -> torch.utils.data
     loader = inference_dataloader(trainer, dataset, "evaluation")
     if persistent:
         loaders[key], sources[key] = loader, dataset
+        if hasattr(loader, "started") and _evaluated_before(trainer.state, key):
+            loader.started = True  # a resumed run's kept loader: the run it continues iterated it
     return loader
+
+
+def _evaluated_before(state: Any, key: str) -> bool:
+    """Whether the run's log holds an evaluation of the dataset kept under `key` (its runtime row)."""
+    runtime = "eval_runtime" if key == "eval" else f"eval_{key}_runtime"
+    return any(runtime in row for row in state.log_history)
 
 
 def num_examples(dataloader: Any, fallback_batch_size: int) -> int:

@@ -184,6 +184,8 @@ class TrainingRun:
         self.cursor = cursor
         self.evaluation_pending = evaluation_pending
         self.iterable_restored = iterable_restored
+        if (cursor.epoch or cursor.batch_in_epoch) and hasattr(self.dataloader, "started"):
+            self.dataloader.started = True  # the run it continues iterated it already (persistent workers)
 
     @contextlib.contextmanager
     def evaluating(self) -> Iterator[None]:
