@@ -6,6 +6,8 @@ the same job script launched with `torchrun JOB` (transformers) and `torchrun -m
   of processes itself, as transformers' `compute_loss` does: trainwright must not multiply it again
   (its loss and gradient norm were twice transformers', and its gradient too). Plain SGD without an
   acting clip, so that a gradient of another size shows in the weights.
+- TRL's GRPO trainer brings its own sampler (`_get_train_sampler`: each prompt repeated for its group
+  of generations), dealt over the processes in whole batches as accelerate deals a prepared loader.
 - sentence-transformers builds its training and evaluation loaders itself and hands them to
   `trainer.accelerator.prepare`, which deals them over the processes as accelerate does (its batch
   sampler's batches, the seedable sampler's order per epoch): the bi-encoder with in-batch negatives
@@ -51,18 +53,30 @@ def _launch(script: str, library: str, root, name: str, cfg: dict) -> dict:
 @pytest.fixture(scope="module")
 def sft(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("sft2")
-    cfg = {"scenarios": ["sft"], "tokenizer": str(root / "tokenizer"), "args": SFT_ARGS}
-    return {lib: _launch(TRL_JOB, lib, root, lib, cfg)["sft"] for lib in ("transformers", "trainwright")}
+    cfg = {"scenarios": ["sft", "grpo"], "tokenizer": str(root / "tokenizer"), "args": SFT_ARGS}
+    return {lib: _launch(TRL_JOB, lib, root, lib, cfg) for lib in ("transformers", "trainwright")}
 
 
 def test_sft_under_two_processes_logs_and_trains_as_on_transformers(sft):
-    hf, tw = sft["transformers"], sft["trainwright"]
+    hf, tw = sft["transformers"]["sft"], sft["trainwright"]["sft"]
     assert tw["base"] == "trainwright.loop.trainer"
     lr.assert_same_history(hf["history"], tw["history"])
     steps = [row for row in tw["history"] if "loss" in row]
     assert len(steps) == 4
     for row in steps:
         assert {"grad_norm", "num_tokens", "mean_token_accuracy", "entropy"} <= set(row), sorted(row)
+    assert_close_weights(torch.load(hf["weights_file"]), torch.load(tw["weights_file"]), atol=1e-6)
+
+
+def test_grpo_under_two_processes_deals_its_repeat_sampler_as_accelerate(sft):
+    # GRPOTrainer's own sampler repeats each prompt for its group of generations: whole batches of it
+    # dealt to the processes in turn, as accelerate deals them (each process read it all before: twice
+    # the steps per epoch, and groups cut otherwise than the rewards' normalization expects)
+    hf, tw = sft["transformers"]["grpo"], sft["trainwright"]["grpo"]
+    lr.assert_same_history(hf["history"], tw["history"])
+    assert [row["epoch"] for row in tw["history"] if "loss" in row] == [
+        row["epoch"] for row in hf["history"] if "loss" in row
+    ]
     assert_close_weights(torch.load(hf["weights_file"]), torch.load(tw["weights_file"]), atol=1e-6)
 
 

@@ -35,7 +35,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 from trainwright.checkpoint.rng import capture_rng_state, restore_rng_state
 from trainwright.data.distribute import BatchShard, DataDealing, DispatchingLoader, to_device
 from trainwright.data.kinds import is_iterable_dataset
-from trainwright.data.loaders import skip_iterable
+from trainwright.data.loaders import EpochSeededDataLoader, skip_iterable
 
 logger = logging.getLogger(__name__)
 _END, _LAZY = object(), object()  # the loader is exhausted; the next batch is not fetched yet
@@ -78,7 +78,9 @@ def _loader_kwargs(loader: DataLoader) -> dict[str, Any]:
         "timeout": loader.timeout,
         "worker_init_fn": loader.worker_init_fn,
         "multiprocessing_context": loader.multiprocessing_context,
-        "generator": loader.generator,
+        # trainwright's loader seeds its workers from a private generator; rebuilt as a plain
+        # loader it draws its base seed from the global RNG, as the one transformers prepares
+        "generator": None if isinstance(loader, EpochSeededDataLoader) else loader.generator,
         "persistent_workers": loader.persistent_workers,
     }
     if getattr(loader, "pin_memory_device", ""):

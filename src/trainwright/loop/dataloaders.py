@@ -30,6 +30,7 @@ class DataTrainer(Protocol):
     train_dataset: Any
     eval_dataset: Any
     data_collator: Callable
+    accelerator: Any
     _eval_dataloaders: dict[str, Any]  # persistent workers: the kept evaluation loaders, by key
     _eval_dataloader_datasets: dict[str, Any]  # the dataset each kept loader was built from
 
@@ -101,17 +102,23 @@ def _loader(
     """The DataLoader of `dataset` as `accelerator_config`'s data settings deal it to this process
     (`data.distribute`): its own slice of each global batch, or process 0's batches dispatched."""
     dealing = data_utils.DataDealing.of(dataset, trainer.args, trainer.runtime)
+    # a subclass's own sampler (TRL's RepeatSampler) knows nothing of the processes: its batches are
+    # dealt as accelerate deals a prepared loader's, whole batches in turn
+    foreign = dealing.world > 1 and not dealing.dispatch and sampler is not None
+    foreign = foreign and not isinstance(sampler, data_utils.ResumableSampler)
     if train:
         dealing.check_same_steps(sampler, batch_size)
     loader = data_utils.make_dataloader(
         dealing.dataset(dataset, dealing.loader_batch(batch_size), drop_last, train),
-        batch_size=dealing.loader_batch(batch_size),
+        batch_size=batch_size if foreign else dealing.loader_batch(batch_size),
         sampler=sampler,
         collate_fn=collator_for(trainer, dataset, description),
         args=trainer.args,
         drop_last=drop_last,
         seed=seed,
     )
+    if foreign:
+        return trainer.accelerator.prepare_data_loader(loader)
     return dealing.wrap(loader, trainer.runtime, drop_last)
 
 
