@@ -235,22 +235,6 @@ def test_ddp_arguments_reach_distributed_data_parallel(two_proc):
         }
 
 
-def test_find_unused_parameters_defaults_as_transformers_decides_it():
-    from types import SimpleNamespace
-
-    from kit import hf
-
-    from trainwright.distributed.engine import find_unused_default
-
-    args = SimpleNamespace(activation_checkpointing=False)
-    assert find_unused_default(args, torch.nn.Linear(2, 2)) is True  # not a transformers model: on
-    model = hf.gpt2()
-    assert find_unused_default(args, model) is True
-    model.gradient_checkpointing_enable()
-    assert find_unused_default(args, model) is False  # checkpointed activations: off
-    assert find_unused_default(SimpleNamespace(activation_checkpointing=True), hf.gpt2()) is False
-
-
 def test_files_are_written_by_the_main_process_only(two_proc):
     # Each rank was given its own output_dir, as on nodes without a shared filesystem: only rank 0's exists.
     folder = os.path.join(two_proc, "files")
