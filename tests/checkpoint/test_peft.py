@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from kit import ecosystem as eco  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 import trainwright  # noqa: E402
+from trainwright.checkpoint import adapters  # noqa: E402
 from trainwright.checkpoint.files import CheckpointError  # noqa: E402
 
 ADAPTER = "adapter_model.safetensors"
@@ -292,3 +294,217 @@ def test_every_n_layers_and_offload_are_the_models_arguments_as_upstream(tok, tm
         trainer = train(lib, peft_llama(tok), eco.lm_rows(tok), str(tmp_path / lib), **kw)
         layers[lib] = [layer.gradient_checkpointing for layer in trainer.model.get_base_model().model.layers]
     assert layers["trainwright"] == layers["transformers"] == [True, False]
+
+
+# ---------------------------------------------------------------------- adapters named otherwise, several
+def peft_named(tok, names, seed=0):
+    """A tiny Llama with LoRA adapters `names` (the first one trained); PEFT saves each adapter not
+    named "default" in a folder of its name."""
+    model = eco.llama(tok, seed)
+    torch.manual_seed(seed + 1)
+    model = peft.get_peft_model(model, lora(), adapter_name=names[0])
+    for name in names[1:]:
+        model.add_adapter(name, lora())
+    return model
+
+
+def adapters_of(model) -> dict[str, torch.Tensor]:
+    return {
+        f"{name}:{k}": v.detach().clone()
+        for name in model.peft_config
+        for k, v in peft.get_peft_model_state_dict(model, adapter_name=name).items()
+    }
+
+
+@pytest.mark.parametrize(
+    "writer, names",
+    [
+        ("trainwright", ("mine",)),
+        ("trainwright", ("mine", "other")),
+        ("trainwright", ("default", "other")),
+        ("transformers", ("mine", "other")),
+    ],
+)
+def test_adapters_named_otherwise_are_found_and_resume_exactly(tok, tmp_path, writer, names):
+    """PEFT writes an adapter not named "default" into `checkpoint-N/<name>/`: discovery finds the
+    checkpoint, `resume_from_checkpoint=True` resumes it (one of transformers too), every adapter
+    comes back and the trained one continues exactly."""
+    data = eco.lm_rows(tok)
+    straight = train(writer, peft_named(tok, names), data, str(tmp_path / "a"))
+    checkpoint = tmp_path / "a" / "checkpoint-3"
+    assert {n for n in names if n != "default"} <= set(os.listdir(checkpoint))
+    assert all(os.path.isfile(checkpoint / n / ADAPTER) for n in names if n != "default")
+    assert trainwright.checkpoint.verify_checkpoint(checkpoint) == []
+    if writer == "trainwright":  # its manifest covers the adapters' folders
+        with open(checkpoint / "checkpoint_complete.json") as f:
+            listed = json.load(f)["checksums"]
+        assert all(
+            f"{n}/{f}" in listed for n in names if n != "default" for f in (ADAPTER, "adapter_config.json")
+        )
+    out = tmp_path / "b"
+    out.mkdir()
+    os.rename(checkpoint, out / "checkpoint-3")
+    assert trainwright.get_last_checkpoint(str(out)) == str(out / "checkpoint-3")
+    resumed = train("trainwright", peft_named(tok, names), data, str(out), resume=True)
+    assert resumed.cursor.first_step_of_call == 3 and resumed.state.global_step == 6
+    assert_same(adapters_of(resumed.model), adapters_of(straight.model))
+    assert resumed.model.active_adapter == names[0]
+
+
+# ---------------------------------------------------------------------- damaged and missing adapter files
+def _record(folder, rel):
+    """The manifest agreeing with file `rel` as it is now (or without it, where it is gone): what a
+    file damaged before the checkpoint was committed leaves."""
+    path = os.path.join(folder, "checkpoint_complete.json")
+    with open(path) as f:
+        manifest = json.load(f)
+    full = os.path.join(folder, rel)
+    if os.path.isfile(full):
+        manifest["files"][rel] = os.path.getsize(full)
+        manifest["checksums"][rel] = trainwright.checkpoint.verify.file_checksum(full)
+    else:
+        del manifest["files"][rel], manifest["checksums"][rel]
+    with open(path, "w") as f:
+        json.dump(manifest, f)
+
+
+@pytest.mark.parametrize("names", [("default",), ("mine", "other")])
+@pytest.mark.parametrize("damage", ["truncated", "missing"])
+def test_a_damaged_or_missing_adapter_is_named_and_discovery_falls_back(tok, tmp_path, names, damage):
+    data = eco.lm_rows(tok)
+    straight = train("trainwright", peft_named(tok, names), data, str(tmp_path / "a"))
+    out = str(tmp_path / "b")
+    os.rename(tmp_path / "a", out)
+    newest = os.path.join(out, "checkpoint-6")
+    rel = ADAPTER if names[0] == "default" else os.path.join(names[0], ADAPTER)
+    path = os.path.join(newest, rel)
+    if damage == "truncated":
+        size = os.path.getsize(path)
+        with open(path, "r+b") as f:
+            f.truncate(size - 100)
+        expected = f"{rel} has {size - 100} bytes, its header describes {size}"
+    else:
+        os.remove(path)
+        expected = f"{rel} is missing: the weights of the adapter whose"
+    _record(newest, rel)
+    assert any(p.startswith(expected) for p in trainwright.checkpoint.verify_checkpoint(newest))
+    with pytest.raises(ValueError, match=f"Can't resume from {newest}: {expected}"):
+        train("trainwright", peft_named(tok, names), data, str(tmp_path / "c"), resume=newest)
+    if damage == "truncated":  # a direct load (the best model's reload) names the file before PEFT reads it
+        with pytest.raises(CheckpointError, match=f"could not read {path}"):
+            trainwright.checkpoint.load_model_weights(peft_named(tok, names), newest)
+    with pytest.warns(UserWarning, match=f"skipping incomplete checkpoint {newest}: {expected}"):
+        resumed = train("trainwright", peft_named(tok, names), data, out, resume=True)
+    assert resumed.cursor.first_step_of_call == 3  # from checkpoint-3, which verifies
+    assert_same(adapters_of(resumed.model), adapters_of(straight.model))
+    if names[-1] == "other":  # an adapter's config gone, its weights there
+        config = os.path.join("other", "adapter_config.json")
+        os.remove(os.path.join(newest, config))
+        _record(newest, config)
+        expected = f"{config} is missing: the config of the adapter whose weights are there"
+        assert expected in trainwright.checkpoint.verify_checkpoint(newest)
+
+
+# ---------------------------------------------------------------------- the base model an adapter was trained on
+def lora_on(folder):
+    """LoRA on the base model saved in `folder`, loaded as a user loads one (its name is the folder)."""
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(folder))
+    torch.manual_seed(1)
+    return peft.get_peft_model(base, lora())
+
+
+def test_an_adapter_resumed_onto_another_base_is_refused_and_a_moved_base_resumes(tok, tmp_path):
+    """The weights decide, where the checkpoint records them (base_model.json): another base is refused
+    naming both, the same base loaded from another folder resumes exactly. A transformers checkpoint
+    records only the base's name: another name is refused, saying how to declare a move."""
+    data = eco.lm_rows(tok)
+    for name, seed in (("A", 0), ("B", 5)):
+        eco.llama(tok, seed).save_pretrained(str(tmp_path / name))
+    base_a, base_b, moved = tmp_path / "A", tmp_path / "B", tmp_path / "A-moved"
+    straight = train("trainwright", lora_on(base_a), data, str(tmp_path / "straight"))
+    checkpoint = str(tmp_path / "straight" / "checkpoint-3")
+    with pytest.raises(
+        ValueError, match=f"trained on the base model '{base_a}'.*base model '{base_b}' holds other"
+    ):
+        train("trainwright", lora_on(base_b), data, str(tmp_path / "x"), resume=checkpoint)
+    with open(os.path.join(checkpoint, "base_model.json")) as f:
+        recorded = json.load(f)
+    assert recorded["base_model_name_or_path"] == str(base_a) and recorded["fingerprint"]
+    assert not any("lora" in k for k in recorded["fingerprint"])  # the base only, not the adapter
+    os.rename(base_a, moved)
+    resumed = train("trainwright", lora_on(moved), data, str(tmp_path / "y"), resume=checkpoint)
+    assert_same(adapter_of(resumed.model), adapter_of(straight.model))
+    os.rename(base_b, base_a)  # another model where the base was: the same name, other weights
+    with pytest.raises(ValueError, match=f"base model '{base_a}'.*base model '{base_a}' holds other weights"):
+        train("trainwright", lora_on(base_a), data, str(tmp_path / "z"), resume=checkpoint)
+
+    theirs = train("transformers", lora_on(moved), data, str(tmp_path / "hf"), max_steps=3)
+    hf_checkpoint = os.path.join(theirs.args.output_dir, "checkpoint-3")
+    assert not os.path.exists(os.path.join(hf_checkpoint, "base_model.json"))
+    config = os.path.join(hf_checkpoint, "adapter_config.json")
+    with pytest.raises(
+        ValueError, match=f"{config} says .* base model '{moved}', this run's base model is '{base_a}'"
+    ):
+        train("trainwright", lora_on(base_a), data, str(tmp_path / "w"), resume=hf_checkpoint)
+    train("trainwright", lora_on(moved), data, str(tmp_path / "v"), resume=hf_checkpoint)  # its own base
+
+
+def test_a_damaged_or_absent_base_model_json_is_named(tok, tmp_path):
+    """base_model.json is checked as the other JSON state is; a checkpoint of an earlier trainwright
+    (without it) falls back to the names, and the way to declare a move says to drop the manifest."""
+    data = eco.lm_rows(tok)
+    for name, seed in (("A", 0), ("B", 5)):
+        eco.llama(tok, seed).save_pretrained(str(tmp_path / name))
+    train("trainwright", lora_on(tmp_path / "A"), data, str(tmp_path / "a"), max_steps=3)
+    checkpoint = str(tmp_path / "a" / "checkpoint-3")
+    path = os.path.join(checkpoint, "base_model.json")
+    with open(path) as f:
+        saved = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**saved, "fingerprint": {"lm_head.weight": "float32:32,32:zz"}}, f)
+    _record(checkpoint, "base_model.json")
+    expected = "base_model.json: fingerprint.lm_head.weight is 'float32:32,32:zz', not dtype:shape:hex"
+    assert expected in trainwright.checkpoint.verify_checkpoint(checkpoint)
+    with pytest.raises(ValueError, match=expected):
+        train("trainwright", lora_on(tmp_path / "A"), data, str(tmp_path / "b"), resume=checkpoint)
+    os.remove(path)
+    _record(checkpoint, "base_model.json")
+    with pytest.raises(ValueError, match="no base_model.json.* and delete checkpoint_complete.json"):
+        train("trainwright", lora_on(tmp_path / "B"), data, str(tmp_path / "c"), resume=checkpoint)
+    train("trainwright", lora_on(tmp_path / "A"), data, str(tmp_path / "d"), resume=checkpoint)
+
+
+def test_the_fingerprint_of_a_base_in_another_dtype_is_the_same_base(tok):
+    fp32 = peft_llama(tok)
+    same = adapters.base_fingerprint(peft_llama(tok).to(torch.bfloat16))
+    other = adapters.base_fingerprint(peft_llama(tok, seed=5))
+    assert adapters.fingerprint_difference(adapters.base_fingerprint(fp32), same) is None
+    assert "frozen parameters hold other values" in adapters.fingerprint_difference(same, other)
+
+
+def test_a_preempted_run_of_a_named_adapter_resumes_where_it_stopped(tok, tmp_path, jobs):
+    """SIGTERM to a run training the adapter "mine" (saved in `checkpoint-N/mine/`): the preemption
+    save is found and resumed from its step, and the run ends with the adapter of an uninterrupted one."""
+    cfg = {"max_steps": 12, "lora": ["mine"], "tok": tok.name_or_path}
+    out, ref = str(tmp_path / "out"), str(tmp_path / "ref")
+    reference = jobs({**cfg, "output_dir": ref, "final": os.path.join(ref, "final")})
+    job = jobs({**cfg, "output_dir": out, "step_sleep": 0.2})
+    job.wait_for("STEP 3")
+    os.kill(job.proc.pid, signal.SIGTERM)
+    code, stdout, stderr = job.finish()
+    assert code == 0 and "Preempted by SIGTERM: checkpoint written, exiting." in stderr, stderr[-3000:]
+    last = trainwright.get_last_checkpoint(out)
+    step = int(last.rsplit("-", 1)[1])
+    assert 3 <= step < 12 and os.path.isfile(os.path.join(last, "mine", ADAPTER))
+
+    final = os.path.join(out, "final")
+    code, stdout, stderr = jobs({**cfg, "output_dir": out, "resume": True, "final": final}).finish()
+    assert code == 0, stderr[-3000:]
+    steps = [line for line in stdout.splitlines() if line.startswith("STEP ")]
+    assert steps[0] == f"STEP {step + 1}" and "DONE 12" in stdout  # from the preemption's step, not 0
+    code, _, stderr = reference.finish()
+    assert code == 0, stderr[-3000:]
+    assert_same(
+        load_file(os.path.join(final, "mine", ADAPTER)),
+        load_file(os.path.join(ref, "final", "mine", ADAPTER)),
+    )

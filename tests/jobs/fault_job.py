@@ -19,7 +19,9 @@ A small MLP on a fixed dataset. It prints, flushed, one line per event the paren
   after training);
 - `use_cpu` (default true; false: the accelerator, pinned memory with workers);
 - `no_folder_flock`: flock on a directory fails with EBADF, as on NFS (the output-dir lock then takes
-  its file beside the folder).
+  its file beside the folder);
+- `lora`: adapter names (the first one trained): a tiny Llama with LoRA adapters of these names on
+  causal-LM rows instead (`tok`: the folder of the test kit's tokenizer).
 """
 
 from __future__ import annotations
@@ -117,6 +119,21 @@ def _no_folder_flock() -> None:
     output_lock.fcntl.flock = flock  # type: ignore[union-attr]
 
 
+def _peft_model_and_data(cfg: dict) -> tuple[nn.Module, list]:
+    """A tiny Llama with LoRA adapters named `cfg["lora"]` (the first one active) and 64 LM rows."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the kit
+    import peft
+    from kit import ecosystem as eco
+
+    tok = eco.tokenizer(cfg["tok"])
+    first, *others = cfg["lora"]
+    lora = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    model = peft.get_peft_model(eco.llama(tok), peft.LoraConfig(**lora), adapter_name=first)
+    for name in others:
+        model.add_adapter(name, peft.LoraConfig(**lora))
+    return model, eco.lm_rows(tok, n=64)
+
+
 def main(cfg: dict) -> None:
     torch.set_num_threads(1)
     if cfg.get("no_folder_flock"):
@@ -143,10 +160,18 @@ def main(cfg: dict) -> None:
     )
     SlowSaveTrainer.save_sleep = cfg.get("save_sleep", 0.0)
     torch.manual_seed(0)
+    model, train_data = (
+        _peft_model_and_data(cfg)
+        if cfg.get("lora")
+        else (
+            Net(cfg.get("dropout", 0.0)),
+            Data(64, cfg.get("train_item_sleep", 0.0), cfg.get("augment", False)),
+        )
+    )
     trainer = SlowSaveTrainer(
-        model=Net(cfg.get("dropout", 0.0)),
+        model=model,
         args=args,
-        train_dataset=Data(64, cfg.get("train_item_sleep", 0.0), cfg.get("augment", False)),
+        train_dataset=train_data,
         eval_dataset=Data(eval_items, cfg.get("eval_item_sleep", 0.0), cfg.get("eval_augment", False))
         if eval_items
         else None,

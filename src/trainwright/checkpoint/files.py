@@ -60,6 +60,7 @@ TRAINER_STATE_NAME = "trainer_state.json"
 TRAINING_ARGS_NAME = "training_args.json"
 TRAINING_ARGS_BIN_NAME = "training_args.bin"  # upstream's name; written for the tools that look for it
 DATA_STATE_NAME = "data_state.json"
+BASE_MODEL_NAME = "base_model.json"  # a PEFT model's checkpoint: the base its adapters were trained on
 TF_CHECKPOINT_PREFIX = "tf_checkpoint"  # TFTrainer's variables: tf_checkpoint.index and its data shards
 RNG_STATE_NAME = "rng_state.pth"
 CHECKPOINT_COMPLETE_NAME = "checkpoint_complete.json"

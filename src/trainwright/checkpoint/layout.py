@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainwright.checkpoint.files import (
+    BASE_MODEL_NAME,
     DATA_STATE_NAME,
     OPTIMIZER_NAME,
     RNG_STATE_NAME,
@@ -57,6 +58,7 @@ class PartSpec:
 # trainer state before the data position that may be rebuilt from its global_step, RNG state last.
 PARTS: dict[str, PartSpec] = {
     "model": PartSpec(WEIGHTS_NAME, "weights", required=True),
+    "base_model": PartSpec(BASE_MODEL_NAME, "json"),  # a PEFT model's: the base its adapters were trained on
     "sharded": PartSpec("pytorch_model_fsdp_0", "folder"),  # FSDP2: model (and optimizer) in DCP
     "deepspeed": PartSpec("deepspeed", "folder", optimizer_state=True),  # DeepSpeed's engine checkpoint
     "optimizer": PartSpec(OPTIMIZER_NAME, "torch", required=True, optimizer_state=True),

@@ -7,6 +7,8 @@ instead of failing later with an error that names neither, or resuming at anothe
   parsed `trainer_state.json` / `data_state.json` (types only: no run is needed);
   `STATE_FILE_CHECKS` maps each file name to its check (`verify.check_checkpoint_files` runs them);
   `TF_STATE_FILE_CHECKS` the same for a TFTrainer checkpoint (its flat `data_state.json`).
+* `base_model_problems(state)`: the same for `base_model.json` (a PEFT model's checkpoint: the name
+  and fingerprint of the base model its adapters were trained on).
 * `check_data_state(state, folder, world_size, dataloader)`: the same for `data_state.json`, and its
   saved position within this run's epoch; raises `CheckpointError`.
 """
@@ -14,10 +16,11 @@ instead of failing later with an error that names neither, or resuming at anothe
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
-from trainwright.checkpoint.files import DATA_STATE_NAME, TRAINER_STATE_NAME, CheckpointError
+from trainwright.checkpoint.files import BASE_MODEL_NAME, DATA_STATE_NAME, TRAINER_STATE_NAME, CheckpointError
 
 _INT64 = 2**63  # counts, seeds and positions go to torch and numpy as 64-bit integers
 
@@ -162,9 +165,36 @@ def tf_data_state_problems(state: Any) -> list[str]:
     return problems + _field_problems(state, _TF_DATA_STATE_FIELDS, f"{DATA_STATE_NAME}: ")
 
 
+_FINGERPRINT_ENTRY = re.compile(r"^[a-z0-9_]+:[0-9,]*:([0-9a-f]{2})*$")  # dtype:shape:hex of its values
+
+
+def base_model_problems(state: Any) -> list[str]:
+    """What is wrong with a parsed `base_model.json`: an object whose `base_model_name_or_path` is a
+    string or null and whose `fingerprint` is null or maps parameter names to their entries."""
+    if not isinstance(state, dict):
+        return [f"{BASE_MODEL_NAME} holds a {_kind(state)}, not a JSON object"]
+    problems = _field_problems(
+        state,
+        {
+            "base_model_name_or_path": (_optional(lambda v: isinstance(v, str)), "a string"),
+            "fingerprint": (_optional(lambda v: isinstance(v, dict)), "an object"),
+        },
+        f"{BASE_MODEL_NAME}: ",
+    )
+    fingerprint = state.get("fingerprint")
+    if isinstance(fingerprint, dict):
+        bad = [k for k, v in fingerprint.items() if not (isinstance(v, str) and _FINGERPRINT_ENTRY.match(v))]
+        if bad:
+            problems.append(
+                f"{BASE_MODEL_NAME}: fingerprint.{bad[0]} is {_shown(fingerprint[bad[0]])}, not dtype:shape:hex"
+            )
+    return problems
+
+
 STATE_FILE_CHECKS: dict[str, Callable[[Any], list[str]]] = {
     TRAINER_STATE_NAME: trainer_state_problems,
     DATA_STATE_NAME: data_state_problems,
+    BASE_MODEL_NAME: base_model_problems,
 }
 TF_STATE_FILE_CHECKS: dict[str, Callable[[Any], list[str]]] = {
     **STATE_FILE_CHECKS,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from trainwright.checkpoint import adapters
 from trainwright.checkpoint.files import (
     CHECKPOINT_COMPLETE_NAME,
     PT_WEIGHTS_INDEX_NAME,
@@ -59,18 +60,31 @@ def _weights_problems(path: str) -> list[str]:
             for f in sorted(set(weight_map.values()))
             if not os.path.isfile(os.path.join(path, f))
         ]
-    names = (
-        WEIGHTS_NAME,
-        PT_WEIGHTS_NAME,
-        PT_WEIGHTS_INDEX_NAME,
-        "adapter_model.safetensors",
-        "adapter_model.bin",
-    )
-    if any(os.path.isfile(os.path.join(path, n)) for n in names):
+    if any(
+        os.path.isfile(os.path.join(path, n)) for n in (WEIGHTS_NAME, PT_WEIGHTS_NAME, PT_WEIGHTS_INDEX_NAME)
+    ):
         return []
+    if adapters.adapter_folders(path):  # a PEFT model's adapters, at the top or in folders of their names
+        return adapters.adapter_problems(path)
     if any(e.startswith("pytorch_model_fsdp") for e in os.listdir(path)):
         return []
-    return [f"no model weights ({WEIGHTS_NAME}, {WEIGHTS_INDEX_NAME} or {PT_WEIGHTS_NAME})"]
+    return [
+        f"no model weights ({WEIGHTS_NAME}, {WEIGHTS_INDEX_NAME}, {PT_WEIGHTS_NAME} or a PEFT adapter's "
+        f"{adapters.ADAPTER_SAFE_WEIGHTS_NAME})"
+    ]
+
+
+def _adapter_file_problems(path: str) -> list[str]:
+    """Adapters whose weights are missing, and adapter files that are damaged (header against size,
+    the zip directory of a `.bin`): cheap checks, so discovery skips such a checkpoint as it skips one
+    whose checksums differ (a manifest agrees with a file truncated before it was written)."""
+    problems = adapters.adapter_problems(path)
+    for rel in adapters.adapter_weight_files(path):
+        file = os.path.join(path, rel)
+        problem = safetensors_problem(file) if rel.endswith(".safetensors") else torch_file_problem(file)
+        if problem:  # named by its path in the checkpoint (an adapter's folder is its name)
+            problems.append(rel + problem[len(os.path.basename(rel)) :])
+    return problems
 
 
 def _links_in(path: str) -> list[str]:
@@ -111,8 +125,11 @@ def verify_checkpoint(path: str | os.PathLike, checksums: bool = True) -> list[s
             if os.path.isfile(os.path.join(path, TRAINER_STATE_NAME))
             else [f"{TRAINER_STATE_NAME} is missing"]
         )
-        return problems + _weights_problems(path) + _state_file_problems(path)
-    return manifest_problems(path, manifest, checksums) or _state_file_problems(path)
+        problems += _weights_problems(path) + _adapter_file_problems(path) + _state_file_problems(path)
+        return list(dict.fromkeys(problems))
+    return manifest_problems(path, manifest, checksums) or (
+        _state_file_problems(path) + _adapter_file_problems(path)
+    )
 
 
 def _state_file_problems(path: str) -> list[str]:
@@ -165,7 +182,7 @@ def check_checkpoint_files(
 
 def _part_problems(path: str, row: PartSpec, rank: int, world_size: int) -> list[str]:
     if row.kind == "weights":
-        return _weights_problems(path) or _shard_problems(path)
+        return _weights_problems(path) or _shard_problems(path) + _adapter_file_problems(path)
     file = rng_state_file(path, rank, world_size) if row.every_process else os.path.join(path, row.file)
     if row.kind == "torch":
         return [p for p in [torch_file_problem(file)] if p]

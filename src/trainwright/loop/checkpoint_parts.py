@@ -6,6 +6,8 @@ own `check(saved, folder)` (the manager runs every check before anything is load
 
 * "model": `ModelFiles` (weights, config, training_args.json, processing class, through the Trainer's
   overridable `_save` / `save_model` / `_load_from_checkpoint`);
+* "base_model" (`BaseModelPart`, a PEFT model's: the base its adapters were trained on; refuses
+  another);
 * the engine's: "optimizer" (`OptimizerPart`: refuses another optimizer's state), or "sharded" (DCP
   folders), or "deepspeed";
 * "scheduler" (`SchedulerPart`: the checkpoint's schedule continues), "scaler", "rng" (`RngPart`,
@@ -87,10 +89,10 @@ def build_parts(
     if restore_from is None:
         trainer.state.stateful_callbacks = callback_states(trainer.callback_handler, trainer.control)
         windows = run.gather_loss_windows(trainer.state.global_step)
-    parts: dict[str, Any] = {
-        "model": ModelFiles(trainer, run, main, restore_from, engine_parts),
-        **engine_parts,
-    }
+    parts: dict[str, Any] = {"model": ModelFiles(trainer, run, main, restore_from, engine_parts)}
+    if is_peft_model(trainer.model):
+        parts["base_model"] = BaseModelPart(trainer)
+    parts.update(engine_parts)
     data_state = DataState(trainer, run, windows)
     if with_optimizer or restore_from is not None:  # a scheduler.pt is restored even without the optimizer
         parts["scheduler"] = SchedulerPart(trainer, run, data_state)
@@ -166,6 +168,28 @@ class ModelFiles:
             write_model(self.trainer, folder, weights=False)
         elif self.main:
             self.trainer._save(folder, state_dict=staged)
+
+
+class BaseModelPart:
+    """The "base_model" part of a PEFT model's checkpoint (`base_model.json`): the name and the
+    fingerprint (`adapters.base_fingerprint`) of the base model its adapters were trained on. Nothing
+    is restored from it: its check refuses a resume onto another base (`resume.check_base_model`)."""
+
+    def __init__(self, trainer: CheckpointedTrainer) -> None:
+        self.trainer = trainer
+
+    def state_dict(self) -> dict[str, Any]:
+        model = self.trainer.model
+        return {
+            "base_model_name_or_path": adapters.base_model_name(model),
+            "fingerprint": adapters.base_fingerprint(model),
+        }
+
+    def check(self, saved: dict[str, Any] | None, folder: str) -> None:
+        resume.check_base_model(self.trainer.model, saved, folder)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Nothing to restore: the base model is this run's own, checked to be the checkpoint's."""
 
 
 def write_model(

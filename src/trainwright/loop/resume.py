@@ -16,6 +16,8 @@ import torch
 
 import trainwright.checkpoint as ckpt
 from trainwright.args.training_args import TrainingArguments
+from trainwright.checkpoint import adapters
+from trainwright.checkpoint.files import BASE_MODEL_NAME
 from trainwright.checkpoint.layout import PARTS
 from trainwright.core.state import LoopCursor
 from trainwright.data.kinds import fingerprint
@@ -62,6 +64,66 @@ def resolve_resume_path(args: TrainingArguments, resume: str | bool | None) -> s
     if problems:
         raise ValueError(f"Can't resume from {path}: " + "; ".join(problems))
     return path
+
+
+def check_base_model(model: Any, saved: dict[str, Any] | None, folder: str) -> None:
+    """Refuse to resume a PEFT model's adapters onto another base model than they were trained on:
+    they change that model's weights, and trained on from another's, they train something else.
+
+    The weights decide where the checkpoint records them (`base_model.json`'s fingerprint, written by
+    trainwright) and this process holds them whole: the same weights resume whatever folder they were
+    loaded from now (a base moved or copied elsewhere, the same model in another dtype); other ones
+    (another model, a fine-tuned variant, the folder's model replaced) are refused, naming both bases.
+    Without a fingerprint (a checkpoint of transformers or of an earlier trainwright) only the names
+    can be compared: an adapter_config.json naming another base than this run's is refused, with the
+    way to say that the base only moved."""
+    now_name = adapters.base_model_name(model)
+    names = adapters.saved_base_names(folder)
+    recorded = (saved or {}).get("fingerprint")
+    now = adapters.base_fingerprint(model) if recorded else None
+    if recorded and now:
+        difference = adapters.fingerprint_difference(recorded, now)
+        saved_name = (saved or {}).get("base_model_name_or_path") or next(iter(names.values()), None)
+        if difference is None:
+            if saved_name != now_name:
+                logger.info(
+                    "Resuming %s: its base model %r is now loaded from %r.", folder, saved_name, now_name
+                )
+            return
+        raise ValueError(
+            f"Can't resume from {folder}: its adapter was trained on the base model {saved_name!r} (recorded in "
+            f"{BASE_MODEL_NAME}), and this run's base model {now_name!r} holds other weights: {difference}. "
+            "An adapter is a change to the weights it was trained on: on another base it trains something else. "
+            "Resume with the checkpoint's base model, or train a new adapter on this one (without "
+            "resume_from_checkpoint)."
+        )
+    other = {path: name for path, name in names.items() if now_name and not _same_base(name, now_name)}
+    if other:
+        path, name = next(iter(other.items()))
+        manifest = os.path.exists(os.path.join(folder, ckpt.CHECKPOINT_COMPLETE_NAME))
+        raise ValueError(
+            f"Can't resume from {folder}: {path} says its adapter was trained on the base model {name!r}, this "
+            f"run's base model is {now_name!r}, and the checkpoint records nothing of its base's weights to "
+            f"compare (no {BASE_MODEL_NAME}: a checkpoint of transformers or of an earlier trainwright). Resume "
+            f"with the base model {name!r}; if {now_name!r} holds the same weights (the model moved), set "
+            f'"base_model_name_or_path" in {path} to {now_name!r}'
+            + (
+                f" and delete {ckpt.CHECKPOINT_COMPLETE_NAME}, whose checksum of it would differ"
+                if manifest
+                else ""
+            )
+            + "."
+        )
+
+
+def _same_base(saved: str, now: str) -> bool:
+    """Whether two base model names are one model: the same id or path, or the same folder."""
+    if saved == now or os.path.normpath(saved) == os.path.normpath(now):
+        return True
+    try:
+        return os.path.samefile(saved, now)
+    except OSError:  # a Hub id, or a folder that is not there
+        return False
 
 
 def _saved_args(path: str) -> dict[str, Any]:
