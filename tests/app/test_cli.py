@@ -150,10 +150,67 @@ def test_a_missing_data_file_is_one_line_naming_it(tmp_path):
     _one_error_line(proc, "config file not found", "missing.yaml")
 
 
-def test_debug_shows_the_traceback_of_a_user_error(tmp_path):
-    proc = _trainwright("--debug", "train", _config(tmp_path, train_file=str(tmp_path / "nope.txt")))
-    assert proc.returncode == 1
+@pytest.mark.parametrize("where", ["before the command", "after the command"])
+def test_debug_shows_the_traceback_of_a_user_error_which_still_exits_2(tmp_path, where):
+    config = _config(tmp_path, train_file=str(tmp_path / "nope.txt"))
+    argv = ("--debug", "train", config) if where == "before the command" else ("train", "--debug", config)
+    proc = _trainwright(*argv)
+    assert proc.returncode == 2, proc.stderr[-3000:]  # a mistake in the input, shown with its traceback
     assert "Traceback" in proc.stderr and "FileNotFoundError" in proc.stderr and "nope.txt" in proc.stderr
+    assert proc.stderr.rstrip().splitlines()[-1].startswith("trainwright train: error: ")
+    assert "debug=" not in proc.stderr  # not read as TrainingArguments' debug field
+
+
+def test_debug_with_one_of_its_options_is_the_training_arguments_field():
+    from trainwright.app.cli import _debug_flag
+
+    argv = ["train", "run.yaml", "--debug", "underflow_overflow", "--max_steps", "3"]
+    assert _debug_flag(argv) == (False, argv)
+    assert _debug_flag(["train", "run.yaml", "--debug", "--max_steps", "3"]) == (
+        True,
+        ["train", "run.yaml", "--max_steps", "3"],
+    )
+    assert _debug_flag(["run", "script.py", "--debug"]) == (False, ["run", "script.py", "--debug"])
+    assert _debug_flag(["--debug", "train", "--debug", "run.yaml"]) == (True, ["train", "run.yaml"])
+    assert _debug_flag(["--debug", "run", "script.py", "--debug"]) == (True, ["run", "script.py", "--debug"])
+
+
+def test_a_yaml_syntax_error_is_one_line_naming_the_file_line_and_column(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text("model_type: gpt2\nmodel_config: {n_layer: 1\ntrain_file: train.txt\n")
+    assert main(["train", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        f"trainwright train: error: {path} is not valid YAML at line 3 column 11: expected ',' or '}}', but "
+        "got ':' (while parsing a flow mapping at line 2 column 15)"
+    ]
+
+
+def test_a_tokenizer_folder_without_a_tokenizer_is_one_line_naming_it(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    (tmp_path / "empty").mkdir()
+    model = tmp_path / "model"  # a model's folder: transformers makes a tokenizer of 1 token from it
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    for folder, holds in ((tmp_path / "empty", "the folder is empty"), (model, "it holds config.json")):
+        assert main(["train", _config(tmp_path, tokenizer_name_or_path=str(folder))]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line == (
+            f"trainwright train: error: tokenizer_name_or_path={str(folder)!r} holds no tokenizer: none of "
+            f"tokenizer.json, tokenizer_config.json or a vocabulary file is there ({holds}). Give the folder "
+            "a tokenizer's save_pretrained(folder) wrote."
+        )
+    # a tokenizer config without its vocabulary: a tokenizer of one token, or transformers' 5-line reason
+    for name, config, says in (
+        ("one_token", {"tokenizer_class": "GPT2Tokenizer"}, "the tokenizer loaded from it has 1 token(s)"),
+        ("unloadable", {}, "transformers cannot load a tokenizer from this folder: Couldn't instantiate"),
+    ):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tokenizer_config.json").write_text(json.dumps(config))
+        assert main(["train", _config(tmp_path, tokenizer_name_or_path=str(tmp_path / name))]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"trainwright train: error: tokenizer_name_or_path={str(tmp_path / name)!r}: ")
+        assert says in line
 
 
 def test_a_bug_keeps_its_traceback(tmp_path):
@@ -211,8 +268,32 @@ GPT2_SMALL = {"n_layer": 1, "n_embd": 16, "n_head": 2, "n_positions": 32}
         ({"model_type": "gpt2", "model_config": {"n_layerz": 1}}, ["n_layerz", "'n_layer'?", "gpt2"]),
         ({"model_config": {"n_layerz": 1}}, ["n_layerz", "'n_layer'?", "tinygpt"]),
         ({"model_type": "gpt2", "model_config": {"n_embd": 15, "n_head": 2}}, ["divisible"]),
+        (
+            {"model_type": "gpt2", "model_config": {"n_layer": 1, "n_embd": 16, "n_head": 3}},
+            ["model_type='gpt2'", "'n_embd': 16, 'n_head': 3", "divisible"],
+        ),
+        (  # transformers 5's config validators: huggingface_hub's error of several lines, exit 1
+            {
+                "model_type": "llama",
+                "model_config": {"num_hidden_layers": 1, "hidden_size": 16, "num_attention_heads": 3},
+            },
+            ["'hidden_size': 16, 'num_attention_heads': 3", "The hidden size (16) is not a multiple"],
+        ),
+        ({"model_type": "gpt2", "model_config": {"n_embd": "abc"}}, ["Field 'n_embd' expected int"]),
+        (
+            {"model_type": "gpt2", "model_config": {"n_head": 0}},
+            ["'n_head': 0", "division or modulo by zero"],
+        ),
+        (
+            {"model_config": {"n_layer": 1, "n_embd": 16, "n_head": 3}},  # tinygpt: was a 36-line traceback
+            ["model_type='tinygpt'", "n_embd=16 is not divisible by n_head=3"],
+        ),
+        ({"model_config": {"n_layer": 0}}, ["n_layer=0 is invalid"]),
         ({"model_config": 5}, ["model_config=5", "mapping"]),
         ({"model_type": "gtp2"}, ["model_type='gtp2'", "'gpt2'"]),
+        ({"model_type": "tinygtp"}, ["model_type='tinygtp'", "'tinygpt'"]),
+        ({"model_type": "notamodel"}, ["model_type='notamodel'", "causal-LM", "(tinygpt, gpt2, llama"]),
+        ({"model_type": "t5"}, ["model_type='t5' has no causal language model"]),
     ],
     ids=lambda v: str(v)[:40],
 )
@@ -224,6 +305,7 @@ def test_input_mistakes_are_one_line_and_exit_2(tmp_path, capsys, values, needle
     assert len(errors) == 1, err[-2000:]
     assert all(n in errors[0] for n in needles), errors[0]
     assert len(errors[0]) < 400  # not a list of every model type
+    assert "Evolla" not in errors[0]  # suggestions are causal-LM types (EvollaModel is a config key)
 
 
 def test_an_existing_file_as_output_dir_is_one_line(tmp_path, capsys):
@@ -299,3 +381,48 @@ def test_resume_from_checkpoint_alone_takes_the_newest_and_speed_monitor_logs_th
     assert main(["train", config, "--max_steps", "6", "--resume_from_checkpoint", "last"]) == 0
     with open(tmp_path / "run" / "checkpoint-6" / "data_state.json") as f:
         assert json.load(f)["cursor"]["first_step_of_call"] == 4
+
+
+def test_resuming_the_newest_checkpoint_of_another_run_is_refused_naming_what_differs(tmp_path, capsys):
+    config = _config(tmp_path, save_steps=1)
+    assert main(["train", config]) == 0
+    capsys.readouterr()
+    values = yaml.safe_load(open(config))
+    other = str(tmp_path / "other.yaml")  # the same output_dir, another model
+    with open(other, "w") as f:
+        yaml.safe_dump({**values, "model_config": {"n_layer": 1, "n_embd": 32, "n_head": 2}}, f)
+    checkpoint = os.path.join(str(tmp_path / "run"), "checkpoint-2")
+    for argv, differs in (
+        ([other], "model_config {'n_embd': 16, 'n_head': 2, 'n_layer': 1} there, {'n_embd': 32"),
+        ([config, "--optim", "sgd"], "optim 'adamw_torch_fused' there, 'sgd' here"),
+        ([config, "--block_size", "8"], "block_size 16 there, 8 here"),
+    ):
+        assert main(["train", *argv, "--max_steps", "4", "--resume_from_checkpoint", "last"]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(
+            f"trainwright train: error: --resume_from_checkpoint last: {checkpoint}, the newest checkpoint in "
+            f"{tmp_path / 'run'}, is another run's, written with other settings: "
+        )
+        assert differs in line and "another output_dir" in line
+    # this run's own checkpoint resumes, and other arguments may change on a resume
+    assert (
+        main(["train", config, "--max_steps", "3", "--logging_steps", "1", "--resume_from_checkpoint"]) == 0
+    )
+    # a checkpoint named by its path resumes without the comparison, and the run records its own keys
+    assert (
+        main(
+            [
+                "train",
+                config,
+                "--text_column",
+                "body",
+                "--max_steps",
+                "4",
+                "--resume_from_checkpoint",
+                checkpoint,
+            ]
+        )
+        == 0
+    )
+    with open(tmp_path / "run" / "checkpoint-4" / "trainer_state.json") as f:
+        assert json.load(f)["stateful_callbacks"]["RunRecord"]["args"]["record"]["text_column"] == "body"

@@ -133,15 +133,42 @@ def test_empty_history_draws_nothing(tmp_path):
     assert plot_run(folder) == []
 
 
-def test_missing_state_file_names_the_file_and_the_newest_checkpoint(tmp_path):
-    (tmp_path / "checkpoint-10").mkdir()
-    (tmp_path / "checkpoint-9").mkdir()
+def test_a_folder_without_any_state_file_is_a_clear_error(tmp_path):
+    (tmp_path / "checkpoint-10").mkdir()  # checkpoint folders without their state: nothing to draw
     with pytest.raises(FileNotFoundError) as e:
         plot_run(str(tmp_path))
-    assert "trainer_state.json" in str(e.value)
-    assert "checkpoint-10" in str(e.value)
+    assert str(e.value) == (
+        f"{tmp_path / 'trainer_state.json'} does not exist, and no checkpoint of {tmp_path} holds one: "
+        "Trainer.save_state() writes it, and each checkpoint has its own."
+    )
     with pytest.raises(FileNotFoundError, match="is not a folder"):
         plot_run(str(tmp_path / "nope"))
+
+
+def test_a_run_that_saved_only_checkpoints_is_drawn_from_the_newest_into_its_folder(make_args, caplog):
+    # the README's quick start: train() with checkpoints, save_model(), no save_state(): output_dir
+    # has no trainer_state.json of its own, each checkpoint one
+    from conftest import RegressionDataset
+    from kit.runs import regression_trainer
+
+    args = make_args(max_steps=8, logging_steps=2, save_strategy="steps", save_steps=3)
+    trainer = regression_trainer(args, RegressionDataset(length=16, seed=1))
+    trainer.train()
+    trainer.save_model()
+    out = args.output_dir
+    assert not os.path.exists(os.path.join(out, "trainer_state.json"))
+    caplog.set_level(logging.INFO, logger="trainwright.app.plot")
+    assert cli.main(["plot", out]) == 0
+    newest = os.path.join(out, "checkpoint-8")
+    assert f"Plotting the log history of {os.path.join(newest, 'trainer_state.json')}" in caplog.text
+    assert {os.path.basename(p) for p in plot_run(out)} == {
+        "plot_loss.png",
+        "plot_learning_rate.png",
+        "plot_grad_norm.png",
+    }
+    assert [r["step"] for r in load_log_history(out) if "loss" in r] == [2, 4, 6, 8]  # not checkpoint-6's
+    for checkpoint in ("checkpoint-6", "checkpoint-8"):  # nothing written into a checkpoint
+        assert not [n for n in os.listdir(os.path.join(out, checkpoint)) if n.endswith(".png")]
 
 
 def test_corrupt_state_file_is_a_clear_error(tmp_path):

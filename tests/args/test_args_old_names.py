@@ -233,3 +233,28 @@ def test_save_safetensors_is_taken_from_v4_scripts_but_absent_as_in_v5():
     with pytest.raises(TypeError, match="save_safetensors"):  # its dataclass __init__, as on transformers 5
         LibraryArguments(output_dir="out", save_safetensors=True)
     assert not hasattr(LibraryArguments.from_dict(old_json), "save_safetensors")
+
+
+def test_the_docs_say_one_thing_about_accelerator_config_parallelism_config_and_pickling():
+    doc = (ROOT / "docs" / "compatibility.md").read_text()
+    decisions = doc[: doc.index("#### Values refused when the arguments are built")]  # its own table's shape
+    for key in ("accelerator_config", "parallelism_config"):  # each table: the same words as the code's
+        rows = [line for line in decisions.splitlines() if line.startswith(f"| `{key}` |")]
+        assert rows and set(rows) == {f"| `{key}` | {V4_V5_CHOICES[key]} |"}, rows
+    # accelerator_config's settings are listed once, in its section; the tables point there
+    section = doc.index("#### `accelerator_config`: honoured and refused")
+    the_list, before = doc[section:], doc[: doc.index("## accelerator_config data settings")]
+    for setting in (
+        "non_blocking",
+        "sync_each_batch",
+        "use_configured_state",
+        "adjust_scheduler",
+        "even_batches",
+    ):
+        assert f"`{setting}" in the_list and setting not in before, setting
+    assert "accelerator_config: honoured and refused" in V4_V5_CHOICES["accelerator_config"]
+    assert "CUDA: not provided yet" not in doc  # context parallelism runs on CUDA (docs/parallelism.md)
+    for name in ("README.md", "docs/design.md"):  # training_args.bin and optimizer.pt are torch.save files
+        text = (ROOT / name).read_text()
+        assert "Nothing is pickled" not in text and "No object is pickled" not in text, name
+        assert "`training_args.bin`" in text and "weights_only" in text, name

@@ -9,7 +9,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+from conftest import RegressionDataset, RegressionModel
 from kit import TESTS
+
+from trainwright import ProgressCallback, Trainer
 
 SCRIPT = textwrap.dedent(
     """
@@ -43,3 +47,35 @@ def test_a_run_off_a_terminal_prints_progress_lines_at_a_steady_interval(tmp_pat
     steps = [int(line[1:].split("/")[0]) for line in lines]
     assert steps == sorted(steps) and steps[-1] < 30
     assert "\r" not in done.stdout and "it/s" not in done.stderr  # no bar
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "nan", "inf", ""])
+def test_a_progress_interval_that_is_no_positive_number_is_refused_naming_the_variable(
+    make_args, monkeypatch, value
+):
+    # each of these printed no progress line at all (or raised float()'s bare ValueError)
+    monkeypatch.setenv("TRAINWRIGHT_PROGRESS_EVERY", value)
+    with pytest.raises(ValueError) as e:
+        Trainer(
+            model=RegressionModel(), args=make_args(disable_tqdm=False), train_dataset=RegressionDataset()
+        )
+    assert str(e.value).startswith(f"TRAINWRIGHT_PROGRESS_EVERY={value!r} is invalid")
+    assert "a number > 0" in str(e.value) and "'off'" in str(e.value)
+
+
+def test_off_turns_the_progress_lines_off_and_a_number_sets_the_interval(make_args, monkeypatch):
+    def interval() -> float:
+        trainer = Trainer(
+            model=RegressionModel(), args=make_args(disable_tqdm=False), train_dataset=RegressionDataset()
+        )
+        (progress,) = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, ProgressCallback)]
+        return progress.every
+
+    monkeypatch.setenv("TRAINWRIGHT_PROGRESS_EVERY", "off")
+    assert interval() == 0
+    monkeypatch.setenv("TRAINWRIGHT_PROGRESS_EVERY", "2.5")
+    assert interval() == 2.5
+    monkeypatch.delenv("TRAINWRIGHT_PROGRESS_EVERY")
+    assert interval() == 30
+    with pytest.raises(ValueError, match=r"ProgressCallback: every=-1 is invalid"):
+        ProgressCallback(every=-1)

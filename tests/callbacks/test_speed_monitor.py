@@ -115,7 +115,12 @@ def test_every_key_is_exact(clock):
         "throughput/samples_per_sec": 24 / 4,
         "throughput/tokens_per_sec": 384 / 4,
         "throughput/flops_per_sec": 6e9 / 4,
-        # one process: no throughput/device/*_per_sec copies of the rates above; MFU is per device
+        # one process: the per-device rates are the rates above, logged all the same (a run's keys do
+        # not depend on its world size)
+        "throughput/device/batches_per_sec": 3 / 4,
+        "throughput/device/samples_per_sec": 24 / 4,
+        "throughput/device/tokens_per_sec": 384 / 4,
+        "throughput/device/flops_per_sec": 6e9 / 4,
         "throughput/device/mfu": 6e9 / 4 / 1e9,
         "time/train": 5.5,
         "time/val": 0.0,

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 
 import torch
 from conftest import RegressionDataset, RegressionModel
+from kit import job_env
 
 from trainwright.loop.trainer import Trainer
 from trainwright.observe import host
@@ -66,3 +69,38 @@ def test_the_demo_takes_the_cpus_that_are_free(monkeypatch):
         assert demo.pick_threads() == (3, "OMP_NUM_THREADS")
     finally:
         torch.set_num_threads(before)
+
+
+BUSY_JOB = """
+import sys, torch
+from conftest import RegressionDataset, RegressionModel
+from trainwright import Trainer, TrainingArguments
+from trainwright.observe import host
+
+torch.set_num_threads(2)
+host.usable_cpus = lambda: 2
+for load in (7.23, 0.5):  # busy, then not
+    host.load_average = lambda: load
+    args = TrainingArguments(output_dir={out!r}, max_steps=1, report_to="none", save_strategy="no",
+                             disable_tqdm=True, use_cpu=True)
+    Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset()).train()
+    print("=== load", load, file=sys.stderr, flush=True)
+"""
+
+
+def test_a_busy_machine_is_a_warning_a_plain_script_shows(tmp_path):
+    # a script that configures no logging sees warnings (Python's last-resort handler), not INFO lines
+    code = BUSY_JOB.format(out=str(tmp_path / "out"))
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=job_env()
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    busy, _, calm = proc.stderr.partition("=== load 7.23")
+    warned = [line for line in busy.splitlines() if "busier than its CPUs" in line]
+    assert warned == [
+        "This machine is busier than its CPUs (load 7.23 on 2 CPUs) and torch runs 2 threads: each waits on "
+        "the others at every operation, and a CPU run can be many times slower. Run with OMP_NUM_THREADS=1 "
+        "(or torch.set_num_threads(1) first thing), or the number of CPUs that are free (README: Threads "
+        "under load)."
+    ]
+    assert "busier" not in calm and "Running training" not in proc.stderr  # the start line stays INFO

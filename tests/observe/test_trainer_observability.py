@@ -46,8 +46,8 @@ def test_memory_report_catches_a_temporary_peak_and_ignores_nested_eval(make_arg
     assert "eval_mem_cpu_alloc_delta" in standalone and "init_mem_cpu_alloc_delta" not in standalone
 
 
-def test_speed_monitor_logs_throughput_with_the_training_rows(make_args):
-    args = make_args(max_steps=6, logging_steps=3)
+def test_speed_monitor_logs_throughput_with_the_training_rows(make_args, capsys):
+    args = make_args(max_steps=6, logging_steps=3)  # disable_tqdm: PrinterCallback prints each row
     trainer = Trainer(
         model=DropoutMLP(),
         args=args,
@@ -66,7 +66,12 @@ def test_speed_monitor_logs_throughput_with_the_training_rows(make_args):
         "time/total",
     ):
         assert key in rows[-1], key
-    # one process: the per-device rates would repeat the totals (MFU is per device only)
-    assert not any(k.startswith("throughput/device/") and k.endswith("_per_sec") for k in rows[-1])
+    # one process: the per-device rates equal the totals and are logged all the same, so a run's keys
+    # (a dashboard's) are those of a run on several processes; only the console line leaves them out
+    for name in ("batches", "samples", "flops"):
+        assert rows[-1][f"throughput/device/{name}_per_sec"] == rows[-1][f"throughput/{name}_per_sec"]
+    printed = [line for line in capsys.readouterr().out.splitlines() if "throughput/" in line]
+    assert len(printed) == 1 and "'throughput/samples_per_sec'" in printed[-1]  # a full window
+    assert "throughput/device/mfu" in printed[-1] and "device/samples_per_sec" not in printed[-1]
     assert rows[-1]["throughput/samples_per_sec"] > 0
     assert trainer.state.total_flos > 0

@@ -5,6 +5,7 @@ and run in a fresh process in an empty folder."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import re
 import subprocess
@@ -43,6 +44,13 @@ def test_readme_quick_start_runs_as_written_and_resumes(tmp_path):
     assert state["global_step"] == 60
     assert list((tmp_path / "out" / "runs").glob("*/events.out.tfevents.*"))
     assert (tmp_path / "out" / "model.safetensors").is_file()
+    if importlib.util.find_spec("matplotlib") is not None:  # the README's `trainwright plot out`
+        plot = subprocess.run(
+            [sys.executable, "-m", "trainwright", "plot", "out"], cwd=tmp_path, capture_output=True, text=True
+        )
+        assert plot.returncode == 0, plot.stderr[-3000:]  # out has no trainer_state.json: checkpoint-60's
+        assert (tmp_path / "out" / "plot_loss.png").is_file()
+        assert not list((tmp_path / "out").glob("checkpoint-*/*.png"))
     second = run_script(code, tmp_path)  # resumes from checkpoint-60: nothing left to train
     assert "Training: 60 steps (starting at step 60)" in second.stdout
 

@@ -3,8 +3,11 @@
 
 A user's mistake (a bad field or value, a missing file or package, a checkpoint that cannot be
 resumed) prints one line, `trainwright <command>: error: ...`, and exits 2, as argparse does; anything
-else is a bug and keeps its traceback. `trainwright --debug <command>` shows the traceback always.
-Under torchrun (several processes) errors go to torchrun's report as they are.
+else is a bug and keeps its traceback (exit 1). `trainwright --debug <command>` prints the traceback
+of a mistake too, above its line, and still exits 2. `--debug` may also follow the command
+(`trainwright train --debug run.yaml`); there, followed by one of TrainingArguments' `debug` options
+(`--debug underflow_overflow`), it is that field. Under torchrun (several processes) errors go to
+torchrun's report as they are.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import argparse
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 
 USAGE = """usage: trainwright [--debug] <command> [options]   |   trainwright --version
@@ -26,7 +30,9 @@ commands:
   run SCRIPT.py [ARGS ...]                  run a transformers / TRL script unchanged, on
                                             trainwright (also `run -m MODULE`; under torchrun too)
 
---debug: show the traceback of an error (a mistake in the input prints one line without it)
+--debug: show the traceback of an error too (a mistake in the input prints one line without it, and
+         exits 2 either way); also after demo / train / plot, where `--debug underflow_overflow`
+         (or tpu_metrics_debug) is TrainingArguments' debug field instead
 """
 
 # What a user's input causes: a value or field (ValueError, argparse's checks), a file or folder
@@ -82,11 +88,34 @@ def is_user_error(exc: BaseException) -> bool:
     return isinstance(exc, (CheckpointError, OutputDirError))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _debug_flag(argv: list[str]) -> tuple[bool, list[str]]:
+    """trainwright's own `--debug`, and the command line without it: before the command, or after
+    demo / train / plot where it is not TrainingArguments' `debug` (`--debug underflow_overflow`).
+    After `run` everything is the script's."""
     debug = bool(argv) and argv[0] == "--debug"
     if debug:
         argv = argv[1:]
+    if not argv or argv[0] not in COMMANDS:
+        return debug, argv
+    from trainwright.core.enums import DebugOption
+
+    options = {o.value for o in DebugOption}
+    rest = [argv[0]]
+    for i, token in enumerate(argv[1:], 1):
+        if token == "--":
+            rest += argv[i:]
+            break
+        following = argv[i + 1].split() if i + 1 < len(argv) else []
+        if token == "--debug" and not (following and following[0] in options):
+            debug = True
+        else:
+            rest.append(token)
+    return debug, rest
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug, argv = _debug_flag(argv)
     if argv and argv[0] in ("--version", "-V"):
         from trainwright.core.version import __version__
 
@@ -115,8 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:
         several_processes = int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
-        if debug or several_processes or not is_user_error(exc):
+        if several_processes or not is_user_error(exc):
             raise
+        if debug:  # the traceback as well; a mistake in the input still exits 2
+            traceback.print_exc()
         print(f"trainwright {command}: error: {exc or type(exc).__name__}", file=sys.stderr)
         return 2
 

@@ -1,6 +1,6 @@
 """`trainwright plot OUTPUT_DIR`: draw a run's log history (logs.jsonl where the JSONL reporter wrote
-it, else trainer_state.json) as PNG files, each figure with one title, axis labels and its legend
-beside the plot.
+it, else trainer_state.json, else the newest checkpoint's, for a run that never called save_state)
+as PNG files in OUTPUT_DIR, each figure with one title, axis labels and its legend beside the plot.
 
 Figures, each written only when the history has data for it:
 
@@ -85,14 +85,24 @@ def _draw_panel(ax: Any, title: str, quantity: str, series: dict[str, Series]) -
 
 def load_log_history(output_dir: str) -> list[dict[str, Any]]:
     """The run's log rows: `output_dir/logs.jsonl` where the JSONL reporter wrote it and it reaches as
-    far as `trainer_state.json` (it also holds the row logged at a preemption, after the checkpoint a
-    resume continues from), else `trainer_state.json`'s `log_history`; a clear error when unreadable."""
-    state_rows = _state_history(output_dir)
+    far as the state file (it also holds the row logged at a preemption, after the checkpoint a resume
+    continues from), else the `log_history` of `output_dir/trainer_state.json`, or of the newest
+    checkpoint's where that reaches further (a run that never called save_state() has only those);
+    a clear error when unreadable."""
     jsonl = _jsonl_history(os.path.join(output_dir, JSONL_FILE))
-    last_step = max((r.get("step", 0) for r in state_rows if _is_number(r.get("step"))), default=0)
-    if jsonl and max((r.get("step", 0) for r in jsonl if _is_number(r.get("step"))), default=0) >= last_step:
+    try:
+        state_rows = _state_history(output_dir)
+    except FileNotFoundError:
+        if not jsonl:
+            raise
+        state_rows = []
+    if jsonl and _last_step(jsonl) >= _last_step(state_rows):
         return jsonl
     return state_rows
+
+
+def _last_step(rows: list[dict[str, Any]]) -> float:
+    return max((r.get("step", 0) for r in rows if _is_number(r.get("step"))), default=0)
 
 
 def _jsonl_history(path: str) -> list[dict[str, Any]]:
@@ -114,26 +124,35 @@ def _jsonl_history(path: str) -> list[dict[str, Any]]:
 
 
 def _state_history(output_dir: str) -> list[dict[str, Any]]:
-    """The `log_history` rows of `output_dir/trainer_state.json`, with a clear error when unreadable."""
+    """The `log_history` rows of `output_dir/trainer_state.json`, or of the newest checkpoint's where
+    that reaches a later step or the top-level file is absent (`save_model()` alone writes none; each
+    checkpoint has its own); a clear error when unreadable."""
     if not os.path.isdir(output_dir):
         raise FileNotFoundError(f"{output_dir} is not a folder.")
+    from trainwright.checkpoint import sort_checkpoints
+
     path = os.path.join(output_dir, STATE_FILE)
-    if not os.path.isfile(path):
-        checkpoints = sorted(
-            (d for d in os.listdir(output_dir) if d.startswith("checkpoint-") and d[11:].isdigit()),
-            key=lambda d: int(d[11:]),
+    inside = [os.path.join(c, STATE_FILE) for c in sort_checkpoints(output_dir)]
+    newest = next((p for p in reversed(inside) if os.path.isfile(p)), None)
+    states = {p: read_json_object(p) for p in (path, newest) if p is not None and os.path.isfile(p)}
+    if not states:
+        raise FileNotFoundError(
+            f"{path} does not exist, and no checkpoint of {output_dir} holds one: Trainer.save_state() "
+            "writes it, and each checkpoint has its own."
         )
-        hint = (
-            f" Each checkpoint holds one: try {os.path.join(output_dir, checkpoints[-1])}."
-            if checkpoints
-            else " Trainer.save_state() writes it."
-        )
-        raise FileNotFoundError(f"{path} does not exist.{hint}")
-    state = read_json_object(path)
-    history = state.get("log_history")
+    # the furthest step wins; at the same step the top-level file (it also holds the end-of-run row)
+    chosen = max(states, key=lambda p: (_step_of(states[p]), p == path))
+    if chosen != path:
+        logger.info("Plotting the log history of %s, the newest checkpoint of %s.", chosen, output_dir)
+    history = states[chosen].get("log_history")
     if not isinstance(history, list) or not all(isinstance(row, dict) for row in history):
-        raise ValueError(f"{path} has no 'log_history' list of log rows.")
+        raise ValueError(f"{chosen} has no 'log_history' list of log rows.")
     return history
+
+
+def _step_of(state: dict[str, Any]) -> float:
+    step = state.get("global_step")
+    return float(step) if _is_number(step) else 0.0
 
 
 def _figures(history: list[dict[str, Any]]) -> list[tuple[str, str, list[tuple[str, dict[str, Series]]]]]:

@@ -25,6 +25,18 @@ class TinyGPTConfig:
     n_embd: int = 128
     dropout: float = 0.1
 
+    def __post_init__(self) -> None:
+        # here, not as torch's bare AssertionError deep inside nn.MultiheadAttention
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"TinyGPTConfig: {name}={value!r} is invalid: an integer >= 1")
+        if self.n_embd % self.n_head:
+            raise ValueError(
+                f"TinyGPTConfig: n_embd={self.n_embd} is not divisible by n_head={self.n_head} (each head "
+                f"takes n_embd / n_head dimensions): make n_embd a multiple of n_head"
+            )
+
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -11,17 +11,20 @@ model is built from a transformers config (`model_type` + `model_config`, or a l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
 import inspect
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.utils.data import Dataset
+
+from trainwright.core.events import TrainerCallback
 
 
 @dataclass
@@ -103,9 +106,45 @@ def load_tokenizer(path: str) -> Any:
             f"tokenizer_name_or_path={path!r} is not a local folder: trainwright train reads local files only. "
             "Save the tokenizer with save_pretrained(folder) and give that folder."
         )
+    if not _has_tokenizer_files(path):
+        raise ValueError(
+            f"tokenizer_name_or_path={path!r} holds no tokenizer: none of tokenizer.json, "
+            f"tokenizer_config.json or a vocabulary file is there ({_listing(path)}). Give the folder a "
+            "tokenizer's save_pretrained(folder) wrote."
+        )
     import transformers
 
-    return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # transformers' reasons, several lines each
+        raise ValueError(
+            f"tokenizer_name_or_path={path!r}: transformers cannot load a tokenizer from this folder: "
+            + " ".join(str(e).split())
+        ) from e
+    if len(tokenizer) < 2:  # e.g. a model folder's config.json alone: a tokenizer that encodes nothing
+        raise ValueError(
+            f"tokenizer_name_or_path={path!r}: the tokenizer loaded from it has {len(tokenizer)} token(s) "
+            f"({_listing(path)}); give a folder a tokenizer's save_pretrained(folder) wrote."
+        )
+    return tokenizer
+
+
+def _has_tokenizer_files(folder: str) -> bool:
+    """Whether `folder` holds a tokenizer's files (its config, or a vocabulary transformers reads)."""
+    names = os.listdir(folder)
+    return any(
+        n in ("tokenizer.json", "tokenizer_config.json", "merges.txt", "tekken.json")
+        or n.startswith("vocab")
+        or n.endswith(".model")
+        for n in names
+    )
+
+
+def _listing(folder: str) -> str:
+    names = sorted(os.listdir(folder))
+    if not names:
+        return "the folder is empty"
+    return "it holds " + ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
 
 
 def special_token_ids(tokenizer: Any) -> dict[str, int | None]:
@@ -132,9 +171,9 @@ def build_model(
             f.name for f in dataclasses.fields(TinyGPTConfig) if f.name not in ("vocab_size", "block_size")
         ]
         _refuse_unknown_keys(margs.model_config or {}, fields, "tinygpt")
-        return TinyGPT(
-            TinyGPTConfig(vocab_size=vocab_size, block_size=block_size, **(margs.model_config or {}))
-        )
+        with _naming_the_config(margs):
+            tiny = TinyGPTConfig(vocab_size=vocab_size, block_size=block_size, **(margs.model_config or {}))
+        return TinyGPT(tiny)
     try:
         import transformers
     except ImportError as e:
@@ -145,17 +184,62 @@ def build_model(
         if not os.path.isdir(margs.model_name_or_path):
             raise FileNotFoundError(f"model_name_or_path must be a local folder: {margs.model_name_or_path}")
         return transformers.AutoModelForCausalLM.from_pretrained(margs.model_name_or_path)
-    known = transformers.CONFIG_MAPPING
-    if margs.model_type not in known:
-        close = difflib.get_close_matches(margs.model_type, list(known.keys()), n=3)
-        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else " (tinygpt, gpt2, llama, ...)"
-        raise ValueError(f"model_type={margs.model_type!r} is not a transformers model type{hint}")
-    config_class = known[margs.model_type]
+    _refuse_other_than_causal_lm(margs.model_type, transformers)
+    config_class = transformers.CONFIG_MAPPING[margs.model_type]
     names = set(config_class().to_dict()) | set(inspect.signature(config_class.__init__).parameters)
     _refuse_unknown_keys(margs.model_config or {}, sorted(names - {"self", "kwargs"}), margs.model_type)
     values = {"vocab_size": vocab_size, **special_token_ids(tokenizer), **(margs.model_config or {})}
-    config = transformers.AutoConfig.for_model(margs.model_type, **values)
-    return transformers.AutoModelForCausalLM.from_config(config)
+    with _naming_the_config(margs):
+        config = transformers.AutoConfig.for_model(margs.model_type, **values)
+        return transformers.AutoModelForCausalLM.from_config(config)
+
+
+def _refuse_other_than_causal_lm(model_type: str, transformers: Any) -> None:
+    """A model_type that AutoModelForCausalLM cannot build, refused with the nearest that it can."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    causal = ["tinygpt", *MODEL_FOR_CAUSAL_LM_MAPPING_NAMES]
+    if model_type in causal:
+        return
+    close = difflib.get_close_matches(model_type, causal, n=3)
+    hint = (
+        f"; did you mean {', '.join(map(repr, close))}?" if close else " (tinygpt, gpt2, llama, qwen2, ...)"
+    )
+    if model_type in transformers.CONFIG_MAPPING:
+        raise ValueError(
+            f"model_type={model_type!r} has no causal language model in transformers "
+            f"(AutoModelForCausalLM), which trainwright train trains{hint}"
+        )
+    raise ValueError(
+        f"model_type={model_type!r} is neither tinygpt nor a causal-LM model type of transformers{hint}"
+    )
+
+
+@contextlib.contextmanager
+def _naming_the_config(margs: ModelArguments) -> Iterator[None]:
+    """A model that refuses its config (heads that do not divide the width, ...) in one line naming
+    model_type and the model_config it was given; the model's own message says which check failed."""
+    try:
+        yield
+    except Exception as e:
+        validation = _is_config_validation_error(e)
+        if not (validation or isinstance(e, (ValueError, AssertionError, ZeroDivisionError))):
+            raise
+        # transformers 5's configs are huggingface_hub strict dataclasses: their error wraps the
+        # validator's own, on several lines; the validator's says what is wrong
+        reason = e.__cause__ if validation and e.__cause__ is not None else e
+        raise ValueError(
+            f"model_type={margs.model_type!r} cannot be built with model_config={margs.model_config!r}: "
+            + " ".join(str(reason).split())
+        ) from e
+
+
+def _is_config_validation_error(exc: BaseException) -> bool:
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # an older huggingface_hub: configs that are not strict dataclasses
+        return False
+    return isinstance(exc, StrictDataclassError)
 
 
 def _refuse_unknown_keys(values: dict[str, Any], fields: list[str], model_type: str) -> None:
@@ -250,6 +334,86 @@ def _resume_flag(argv: Sequence[str]) -> list[str]:
     return out
 
 
+class RunRecord(TrainerCallback):
+    """What this `trainwright train` run trains: its model and data keys (paths made absolute), saved
+    with every checkpoint (`trainer_state.json`'s `stateful_callbacks`), so that a resume from the
+    newest checkpoint can tell a checkpoint of another run in the same output_dir. A run resumed from
+    a checkpoint named by its path records its own keys; with `restore_callback_states_from_checkpoint`
+    the checkpoint's come back, as every callback's constructor arguments do."""
+
+    def __init__(self, record: dict[str, Any] | None = None):
+        self.record = record or {}
+
+    def state(self) -> dict[str, Any]:
+        return {"args": {"record": self.record}, "attributes": {}}
+
+
+_PATH_KEYS = ("model_name_or_path", "tokenizer_name_or_path", "train_file")
+
+
+def run_record(margs: ModelArguments, dargs: DataArguments) -> dict[str, Any]:
+    """The keys that make a run this run: the model it builds and the data it reads, in that order."""
+    values = {
+        "model_type": margs.model_type,
+        "model_config": margs.model_config,
+        "model_name_or_path": margs.model_name_or_path,
+        "tokenizer_name_or_path": margs.tokenizer_name_or_path,
+        "train_file": dargs.train_file,
+        "text_column": dargs.text_column,
+        "block_size": dargs.block_size,
+    }
+    for key in _PATH_KEYS:
+        if values[key] is not None:
+            values[key] = os.path.abspath(str(values[key]))
+    return json.loads(json.dumps(values, default=str))  # as it reads back from trainer_state.json
+
+
+def newest_checkpoint_of_this_run(targs: Any, record: dict[str, Any], examples: int) -> str | None:
+    """The newest complete checkpoint in output_dir (None: there is none), refused when another run
+    wrote it. Another run: its recorded model or data keys differ from this run's, it was written with
+    another `optim`, or its data had another number of examples. Other arguments may change on a
+    resume (max_steps, logging, evaluation, ...), as they may for Trainer.train."""
+    from trainwright import checkpoint as ckpt
+    from trainwright.loop.resume import _optim_name
+
+    path = ckpt.get_last_checkpoint(targs.output_dir)
+    if path is None:
+        return None
+    state = _json_or_empty(os.path.join(path, ckpt.TRAINER_STATE_NAME))
+    saved = (state.get("stateful_callbacks") or {}).get(RunRecord.__name__) or {}
+    saved_record = saved.get("args", {}).get("record") if isinstance(saved, dict) else None
+    differences = []
+    if isinstance(saved_record, dict):
+        differences += [
+            f"{key} {saved_record.get(key)!r} there, {value!r} here"
+            for key, value in record.items()
+            if saved_record.get(key) != value
+        ]
+    saved_optim = _json_or_empty(os.path.join(path, ckpt.TRAINING_ARGS_NAME)).get("optim")
+    if saved_optim is not None and _optim_name(saved_optim) != _optim_name(targs.optim):
+        differences.append(f"optim {saved_optim!r} there, {_optim_name(targs.optim)!r} here")
+    length = _json_or_empty(os.path.join(path, ckpt.DATA_STATE_NAME)).get("dataset_length")
+    if length is not None and length != examples:
+        differences.append(f"{length} training examples there, {examples} here")
+    if differences:
+        raise ValueError(
+            f"--resume_from_checkpoint last: {path}, the newest checkpoint in {targs.output_dir}, is another "
+            f"run's, written with other settings: {'; '.join(differences)}. Resume it with that run's config, give this run another "
+            "output_dir, or name the checkpoint to resume (--resume_from_checkpoint PATH)."
+        )
+    return path
+
+
+def _json_or_empty(path: str) -> dict[str, Any]:
+    """A checkpoint's JSON file ({} when absent: the Trainer's own checks report damage)."""
+    from trainwright.core.files import read_json_object
+
+    try:
+        return read_json_object(path)
+    except (OSError, ValueError):
+        return {}
+
+
 def run_train(argv: Sequence[str]) -> dict[str, float]:
     from trainwright.loop.trainer import Trainer
 
@@ -271,9 +435,13 @@ def run_train(argv: Sequence[str]) -> dict[str, float]:
 
     train_ds = blocks(dargs.train_file)
     eval_ds = blocks(dargs.validation_file) if dargs.validation_file else None
+    record = run_record(margs, dargs)
+    resume = targs.resume_from_checkpoint
+    if resume in _NEWEST:  # True: the Trainer says there is none, in its words
+        resume = newest_checkpoint_of_this_run(targs, record, len(train_ds)) or True
     model = build_model(margs, vocab, dargs.block_size, tokenizer)
     check_block_size(model, dargs.block_size)
-    callbacks: list[Any] = []
+    callbacks: list[Any] = [RunRecord(record)]
     if dargs.speed_monitor:
         from trainwright.app.demo import speed_window
         from trainwright.callbacks import SpeedMonitor
@@ -287,8 +455,7 @@ def run_train(argv: Sequence[str]) -> dict[str, float]:
         processing_class=tokenizer,
         callbacks=callbacks,
     )
-    resume = targs.resume_from_checkpoint
-    result = trainer.train(resume_from_checkpoint=True if resume in _NEWEST else resume)
+    result = trainer.train(resume_from_checkpoint=resume)
     trainer.save_model()
     trainer.save_state()
     trainer.log_metrics("train", result.metrics)

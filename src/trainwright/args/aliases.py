@@ -42,13 +42,11 @@ V4_V5_CHOICES: dict[str, str] = {
     "run_name": "Default None (v5); v4 documented output_dir as the default.",
     "trackio_space_id": 'Default None (v5); v4\'s default "trackio" is read (v4 training_args.json files) but any '
     "other value is refused, like project and the other trackio_* fields: trainwright has no trackio reporter.",
-    "accelerator_config": "An AcceleratorConfig (accelerator_config.py), read by attribute or as a dict; a dict, "
-    "JSON string, JSON file path or transformers' AcceleratorConfig is read; unknown keys are an error. "
-    "non_blocking, gradient_accumulation_kwargs (num_steps, sync_each_batch), split_batches, dispatch_batches, "
-    "even_batches and use_seedable_sampler are honoured (the data settings as accelerate defines them, see "
-    '"accelerator_config data settings"); "true"/"false" strings are booleans; use_configured_state=True takes '
-    "the processes of an accelerate PartialState made first (refused without one, as upstream); "
-    "adjust_scheduler and sync_with_dataloader are accepted with upstream's effect, none.",
+    "accelerator_config": (
+        "An AcceleratorConfig (accelerator_config.py), read by attribute or as a dict: a dict, JSON "
+        "string, JSON file path or transformers' AcceleratorConfig. What each setting does and what is "
+        "refused is one list (see below: accelerator_config: honoured and refused)."
+    ),
     "fsdp": 'Normalised to a list of FSDPOption words (v4 style); True means ["full_shard"]. FSDP runs on '
     'PyTorch\'s FSDP2 (fully_shard); fsdp_config keys lose a leading "fsdp_".',
     "debug": "Normalised to a list of DebugOption (a space-separated string is split), as in both versions.",
@@ -92,11 +90,10 @@ V4_V5_CHOICES: dict[str, str] = {
     ),
     "ray_scope": "Kept (v4, removed in v5) for hyperparameter-search backends.",
     "parallelism_config": (
-        "Honoured on PyTorch's own engine (DeviceMesh, the model's tensor-parallel plan through "
-        "parallelize_module, FSDP2/HSDP): accelerate's ParallelismConfig, a dict of its sizes or its "
-        "JSON, normalised to ParallelismSizes (same field names, serialisable). cp_size > 1 is refused "
-        "(CPU: PyTorch has no context-parallel rule for its SDPA kernel; CUDA: not provided yet), sp_size"
-        " > 1 (DeepSpeed Ulysses) and enable_async_tp are refused. See docs/parallelism.md."
+        "Honoured on PyTorch's own engine (DeviceMesh, tensor-parallel plan, FSDP2/HSDP); cp_size > 1 "
+        "on CUDA (PyTorch's context parallelism; refused on the CPU, which has no context-parallel rule "
+        "for its SDPA kernel); sp_size > 1 (DeepSpeed Ulysses) and enable_async_tp are refused (see "
+        "below: parallelism_config)."
     ),
     "save_total_limit": "Must be >= 1 when given (None keeps every checkpoint); upstream silently treats 0 as None.",
 }
@@ -110,7 +107,7 @@ V4_V5_CHOICES: dict[str, str] = {
 REMOVED_V4_ARGS: dict[str, tuple[Any, str]] = {
     "save_safetensors": (
         True,
-        "trainwright always writes safetensors (pickled weights would break its nothing-pickled rule)",
+        "trainwright writes weights as safetensors only (never pytorch_model.bin, a pickle-format file)",
     ),
 }
 

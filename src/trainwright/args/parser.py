@@ -223,12 +223,23 @@ def _load_mapping(path: str | os.PathLike[str], fmt: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
-        raise ValueError(f"{p}: not valid YAML: {e}") from e
+        raise ValueError(_yaml_error(p, e)) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ValueError(f"{p}: expected a mapping of field names to values, got {type(data).__name__}")
     return data
+
+
+def _yaml_error(path: Path, error: yaml.YAMLError) -> str:
+    """One line: the file, the line and column where YAML stopped, and why (PyYAML's own message
+    spans several lines, each mark quoting the text)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+    context, start = getattr(error, "context", None), getattr(error, "context_mark", None)
+    opened = f" ({context} at line {start.line + 1} column {start.column + 1})" if context and start else ""
+    return f"{path} is not valid YAML{where}: {problem}{opened}"
 
 
 def _pop_option(argv: list[str], flag: str) -> tuple[list[str], list[str]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -18,12 +19,17 @@ from trainwright.core.state import TrainerControl, TrainerState
 _IN_NOTEBOOK = any(cls.__module__ == "tqdm.notebook" for cls in tqdm.__mro__)
 
 
+_PER_DEVICE = "throughput/device/"
+
+
 def format_logs(logs: Mapping[str, Any], max_str_len: int | None = None) -> dict[str, Any]:
-    """A copy of `logs` for display: no `total_flos`, floats to 4 significant digits, and strings
-    longer than `max_str_len` replaced by a note giving their length."""
+    """A copy of `logs` for display: no `total_flos`, no per-device rate equal to the whole run's
+    (`throughput/device/x` beside the same `throughput/x`: one process), floats to 4 significant
+    digits, and strings longer than `max_str_len` replaced by a note giving their length."""
     shown: dict[str, Any] = {}
     for key, value in logs.items():
-        if key == "total_flos":
+        whole = "throughput/" + key[len(_PER_DEVICE) :] if key.startswith(_PER_DEVICE) else ""
+        if key == "total_flos" or (whole in logs and logs[whole] == value):
             continue
         if isinstance(value, str) and max_str_len is not None and len(value) > max_str_len:
             shown[key] = f"<{len(value)} characters, longer than max_str_len={max_str_len}>"
@@ -42,6 +48,40 @@ def _duration(seconds: float) -> str:
     if s >= 3600:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+PROGRESS_EVERY = "TRAINWRIGHT_PROGRESS_EVERY"
+
+
+def _interval_from_environment() -> float:
+    """Seconds between progress lines from TRAINWRIGHT_PROGRESS_EVERY (30 when unset). A value that
+    is no positive number (`abc`, `0`, `-5`, `nan`) is refused: it would print no line, silently."""
+    text = os.environ.get(PROGRESS_EVERY)
+    if text is None:
+        return 30.0
+    if text.strip().lower() == "off":
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"{PROGRESS_EVERY}={text!r} is invalid: it takes the seconds between progress lines off a "
+            f"terminal, a number > 0 (e.g. 30, the default; 0.5), or 'off' for no progress lines"
+        )
+    return value
+
+
+def _checked_interval(every: Any) -> float:
+    """`every` given to the constructor: seconds >= 0 (0: no progress lines)."""
+    number = isinstance(every, (int, float)) and not isinstance(every, bool)
+    if not (number and math.isfinite(every) and every >= 0):
+        raise ValueError(
+            f"ProgressCallback: every={every!r} is invalid: seconds between progress lines, a number >= 0 "
+            "(0: none)"
+        )
+    return float(every)
 
 
 def _has_length(obj: Any) -> bool:
@@ -68,7 +108,8 @@ class ProgressCallback(TrainerCallback):
         is_tty: force terminal (True) or plain (False) mode; default: bars in a notebook or when
             `stream.isatty()` (stderr's) is true.
         every: seconds between progress lines off a terminal (default: `TRAINWRIGHT_PROGRESS_EVERY`,
-            else 30; 0 turns them off).
+            else 30; 0 turns them off). The variable takes a number of seconds > 0, or `off`;
+            anything else is refused naming it.
     """
 
     def __init__(
@@ -83,7 +124,7 @@ class ProgressCallback(TrainerCallback):
         self.stream = stream
         self.is_tty = is_tty
         # off a terminal: a progress line every `every` seconds (TRAINWRIGHT_PROGRESS_EVERY, default 30)
-        self.every = every if every is not None else float(os.environ.get("TRAINWRIGHT_PROGRESS_EVERY", 30))
+        self.every = _interval_from_environment() if every is None else _checked_interval(every)
         self._next_line = 0.0
         self.training_bar: Any = None
         self.prediction_bar: Any = None

@@ -7,12 +7,16 @@ Keys added to each training log row (a row with "loss"):
 ``throughput/samples_per_sec``         samples of all processes in the window / window seconds
 ``throughput/tokens_per_sec``          same for tokens (only when the batches carry tokens)
 ``throughput/flops_per_sec``           same for FLOPs (only when the Trainer counts FLOPs)
-``throughput/device/<x>_per_sec``      each of the above / world size (several processes only)
+``throughput/device/<x>_per_sec``      each of the above / world size (with one process: the same)
 ``throughput/device/mfu``              device FLOP/s / the device's dense peak (when known)
 ``time/train``                         training wall time, evaluation excluded, across resumes
 ``time/val``                           wall time of evaluate() and predict() calls
 ``time/total``                         time/train + time/val
 =====================================  =============================================================
+
+Every key is logged at every world size, as Composer's, so a run's keys do not depend on its number
+of processes (dashboards compare a 1-GPU run with an 8-GPU one); the console line leaves out a
+per-device rate that repeats the whole run's (`format_logs`).
 
 Times are in `time_unit`. The window holds the last `window_size` optimizer steps ("batches" are
 optimizer steps, each possibly several accumulated micro-batches), measured between the ends of
@@ -252,8 +256,7 @@ class SpeedMonitor(TrainerCallback):
             rates["flops"] = flop_count / elapsed
         for name, rate in rates.items():
             logs[f"throughput/{name}_per_sec"] = rate
-        if world_size > 1:  # with one process they would repeat the rates above
-            for name, rate in rates.items():
-                logs[f"throughput/device/{name}_per_sec"] = rate / world_size
+        for name, rate in rates.items():  # with one process the same values: the keys stay
+            logs[f"throughput/device/{name}_per_sec"] = rate / world_size
         if "flops" in rates and self.peak_flops:
             logs["throughput/device/mfu"] = rates["flops"] / world_size / self.peak_flops

@@ -195,6 +195,10 @@ class Trainer(TrainerAPI):
             self.get_num_trainable_parameters(),
             host.threads_and_load(),
         )
+        if self.runtime.device.type == "cpu" and self.runtime.is_local_main_process:
+            busy = host.busy_warning()  # the start line is INFO, which a console does not show by default
+            if busy is not None:
+                logger.warning(busy)
         return run
 
     def _run_epoch(self, run: TrainingRun, epoch: int) -> None:

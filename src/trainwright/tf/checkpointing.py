@@ -5,7 +5,7 @@ variables, including Keras seed-generator states, and the optimizer's slots and 
 `trainer_state.json`, `training_args.json`, `data_state.json` (epoch, batch in the epoch, the
 unlogged step losses) and `checkpoint_complete.json` (the manifest, written last). The folder is
 written by `trainwright.checkpoint.write_checkpoint`: aside, fsynced, renamed; rotation and
-discovery are the PyTorch side's too. Nothing is pickled.
+discovery are the PyTorch side's too. No file is in pickle's format (no training_args.bin, no .pt).
 """
 
 from __future__ import annotations
