@@ -6,6 +6,7 @@ token-weighted gradient accumulation and honest throughput/MFU figures.
 
 from trainwright import _moved_modules
 from trainwright.app.patch import PatchTooLateError, patch_transformers
+from trainwright.args import foreign as _foreign
 from trainwright.args.parser import HfArgumentParser
 from trainwright.args.training_args import (
     IntervalStrategy,
@@ -59,6 +60,9 @@ from trainwright.optim.schedules import (
 from trainwright.trainer_utils import torch_distributed_zero_first
 
 _moved_modules.install()
+# transformers' TrainingArguments note what they were given, so that converting one keeps an explicit
+# choice equal to transformers' default (args/foreign.py)
+_foreign.watch()
 
 _TF_NAMES = ("TFTrainer", "TFTrainingArguments")
 

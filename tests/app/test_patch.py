@@ -79,6 +79,73 @@ def test_a_patch_after_a_library_took_the_classes_is_refused_and_changes_nothing
     assert "before importing" in proc.stdout and "trainwright run" in proc.stdout
 
 
+REGISTRY = """
+import transformers
+
+TRAINERS = {"hf": transformers.Trainer}
+ARGUMENTS = [transformers.TrainingArguments, transformers.Seq2SeqTrainingArguments]
+
+
+def seq2seq(cls=transformers.Seq2SeqTrainer):
+    return cls
+
+
+def make_trainer(**kwargs):
+    return TRAINERS["hf"](**kwargs)
+"""
+
+
+def test_transformers_classes_held_out_of_the_patchs_reach_refuse_to_be_built(tmp_path):
+    """A library's registry (a dict, a list, a default argument) keeps transformers' classes where the
+    patch's look cannot see them: built after the patch, each refuses, naming the import order (and
+    the module building it), instead of training on transformers. A subclass refuses too; the
+    package as a script imported it before the patch gives trainwright's classes, and an object
+    built before the patch still copies and converts."""
+    (tmp_path / "registry.py").write_text(REGISTRY)
+    proc = python(
+        f"""
+        import copy, dataclasses, sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        import torch, transformers
+        import registry
+        before = transformers.TrainingArguments(output_dir={str(tmp_path / "o")!r}, report_to="none", use_cpu=True)
+        import trainwright
+        trainwright.patch_transformers()
+
+        @dataclasses.dataclass
+        class Mine(registry.ARGUMENTS[0]):
+            mine: int = 1
+
+        model = torch.nn.Linear(1, 1)
+        for name, build in {{
+            "Trainer": lambda: registry.TRAINERS["hf"](model=model),
+            "TrainingArguments": lambda: registry.ARGUMENTS[0](output_dir="x"),
+            "Seq2SeqTrainingArguments": lambda: registry.ARGUMENTS[1](output_dir="x"),
+            "Seq2SeqTrainer": lambda: registry.seq2seq()(model=model),
+            "subclass": lambda: Mine(output_dir="x"),
+            "in the registry": lambda: registry.make_trainer(model=model),
+        }}.items():
+            try:
+                build()
+                print("BUILT", name)
+            except trainwright.PatchTooLateError as exc:
+                print("REFUSED", name, "|", exc)
+        assert transformers.TrainingArguments is trainwright.TrainingArguments
+        assert transformers.Trainer is trainwright.Trainer
+        copy.deepcopy(before)
+        assert trainwright.Trainer(model=model, args=before).args.use_cpu
+        """
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    refused = dict(line.split(" | ") for line in proc.stdout.splitlines() if line.startswith("REFUSED"))
+    assert "BUILT" not in proc.stdout and len(refused) == 6, proc.stdout
+    for line, message in refused.items():
+        assert "after trainwright.patch_transformers()" in message and "trainwright run" in message, line
+    assert "Call trainwright.patch_transformers() first thing in the script" in refused["REFUSED Trainer"]
+    assert "__main__.Mine is transformers' own TrainingArguments" in refused["REFUSED subclass"]
+    assert "before importing registry" in refused["REFUSED in the registry"]
+
+
 SCRIPT = """
 import sys
 from dataclasses import dataclass, field
@@ -168,31 +235,101 @@ def test_trainwright_run_runs_an_unchanged_script_as_python_does(script, tmp_pat
     assert _lines(ours.stdout, "LOSSES") == _lines(plain.stdout, "LOSSES")
 
 
-def test_trainwright_run_module_form_errors_and_usage(tmp_path):
-    pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "job.py").write_text(
-        "import sys, transformers, trainwright\n"
-        "assert __name__ == '__main__' and transformers.Trainer is trainwright.Trainer\n"
-        "print('ARGV', sys.argv[1:])\n"
-        "raise RuntimeError('the script failed')\n"
+PROBE = """
+import json, os, sys
+
+here = os.path.dirname(__file__)
+os.chdir(os.path.dirname(here))  # a script that changes folder finds its neighbours by __file__
+with open(os.path.join(here, "neighbour.txt")) as f:
+    neighbour = f.read()
+seen = {"argv": sys.argv, "file": __file__, "path": sys.path, "name": __name__, "neighbour": neighbour,
+        "spec": getattr(__spec__, "name", None), "package": __package__}
+print("PROBE", json.dumps(seen))
+transformers = sys.modules.get("transformers")
+print("TRAINER", transformers.Trainer.__module__ if transformers else None, flush=True)
+
+
+def fail():
+    raise RuntimeError("the script failed")
+
+
+if "--fail" in sys.argv:
+    fail()
+"""
+
+
+def _traceback(stderr: str) -> str:
+    return stderr[stderr.index("Traceback (most recent call last):") :]
+
+
+@pytest.mark.parametrize(
+    "launcher,target",
+    [("entry", ["sub/probe.py"]), ("module", ["-m", "pkg.probe"]), ("entry", ["appdir"])],
+    ids=["script", "module", "folder"],
+)
+def test_trainwright_run_sets_the_script_up_and_reports_its_error_as_python_does(tmp_path, launcher, target):
+    """`python SCRIPT.py`, `python -m MODULE`, `python DIR` beside `trainwright run` of the same, from
+    the console script and from `python -m trainwright`: the same sys.argv, absolute `__file__`,
+    sys.path (the script's folder, the working folder, the folder, in place of trainwright's own),
+    `__spec__`, traceback (no frame of trainwright's or runpy's that Python does not show) and exit
+    code, with transformers' Trainer trainwright's."""
+    for folder, name in [("sub", "probe.py"), ("pkg", "probe.py"), ("appdir", "__main__.py")]:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / name).write_text(PROBE)
+        (tmp_path / folder / "neighbour.txt").write_text(folder)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    ours = {
+        "entry": [os.path.join(os.path.dirname(sys.executable), "trainwright"), "run"],
+        "module": [sys.executable, "-m", "trainwright", "run"],
+    }[launcher]
+    runs = {
+        who: subprocess.run(
+            [*command, *target, "a", "--fail"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=ENV,
+            cwd=tmp_path,
+        )
+        for who, command in [("python", [sys.executable]), ("trainwright", ours)]
+    }
+    python_run, our_run = runs["python"], runs["trainwright"]
+    assert python_run.returncode == our_run.returncode == 1, our_run.stderr[-3000:]
+    assert _lines(our_run.stdout, "PROBE") == _lines(python_run.stdout, "PROBE")
+    assert _lines(our_run.stdout, "TRAINER") == "TRAINER trainwright.loop.trainer"
+    assert _traceback(our_run.stderr) == _traceback(python_run.stderr)
+    assert (
+        _traceback(our_run.stderr).count("File ")
+        == (2 if launcher == "module" or target == ["appdir"] else 0) + 2
     )
+
+
+def test_trainwright_run_errors_and_usage(tmp_path):
+    """A module that is not there (in a package that is, or not even its package): python's one line
+    and exit code 1; a missing script: one line, 2."""
     entry = os.path.join(os.path.dirname(sys.executable), "trainwright")
-    proc = subprocess.run(
-        [entry, "run", "-m", "pkg.job", "a", "--b"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=ENV,
-        cwd=tmp_path,
-    )
-    assert "ARGV ['a', '--b']" in proc.stdout
-    assert proc.returncode == 1 and "RuntimeError: the script failed" in proc.stderr  # as python reports it
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    for module in ["pkg.nothere", "nothere.either"]:
+        runs = [
+            subprocess.run(
+                [*command, "-m", module], capture_output=True, text=True, timeout=300, env=ENV, cwd=tmp_path
+            )
+            for command in [[sys.executable], [entry, "run"]]
+        ]
+        python_run, our_run = runs
+        said = python_run.stderr.strip().removeprefix(f"{sys.executable}: ")
+        assert python_run.returncode == our_run.returncode == 1 and module in said
+        # (the last line: importing transformers may log a line of its own before)
+        assert our_run.stderr.strip().splitlines()[-1] == f"trainwright run: error: {said}"
+        assert "Traceback" not in our_run.stderr
     missing = subprocess.run(
         [entry, "run", str(tmp_path / "nope.py")], capture_output=True, text=True, env=ENV
     )
-    assert missing.returncode == 2 and "nope.py: no such file" in missing.stderr
+    assert (
+        missing.returncode == 2
+        and missing.stderr.strip() == f"trainwright run: error: {tmp_path / 'nope.py'}: no such file"
+    )
     assert subprocess.run([entry, "run"], capture_output=True, text=True, env=ENV).returncode == 2
 
 

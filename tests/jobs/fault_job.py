@@ -22,6 +22,8 @@ A small MLP on a fixed dataset. It prints, flushed, one line per event the paren
   its file beside the folder);
 - `lora`: adapter names (the first one trained): a tiny Llama with LoRA adapters of these names on
   causal-LM rows instead (`tok`: the folder of the test kit's tokenizer).
+- `hf_args`: transformers' own `TrainingArguments` (its fields only: no `preemption_signals`,
+  `async_save`), given these keywords on top (`{"enable_jit_checkpoint": false}`).
 """
 
 from __future__ import annotations
@@ -139,7 +141,7 @@ def main(cfg: dict) -> None:
     if cfg.get("no_folder_flock"):
         _no_folder_flock()
     eval_items = cfg.get("eval_items", 0)
-    args = TrainingArguments(
+    fields = dict(
         output_dir=cfg["output_dir"],
         per_device_train_batch_size=4,
         per_device_eval_batch_size=1,
@@ -152,12 +154,20 @@ def main(cfg: dict) -> None:
         dataloader_num_workers=cfg.get("workers", 0),
         dataloader_multiprocessing_context=cfg.get("mp_context"),
         dataloader_persistent_workers=cfg.get("persistent", False),
-        async_save=cfg.get("async_save", False),
         report_to="none",
         disable_tqdm=True,
         use_cpu=cfg.get("use_cpu", True),
-        preemption_signals=["SIGTERM", "SIGUSR1", "SIGINT"],  # named explicitly (also the default)
     )
+    if "hf_args" in cfg:
+        import transformers
+
+        args = transformers.TrainingArguments(**fields, **cfg["hf_args"])
+    else:
+        args = TrainingArguments(
+            **fields,
+            async_save=cfg.get("async_save", False),
+            preemption_signals=["SIGTERM", "SIGUSR1", "SIGINT"],  # named explicitly (also the default)
+        )
     SlowSaveTrainer.save_sleep = cfg.get("save_sleep", 0.0)
     torch.manual_seed(0)
     model, train_data = (

@@ -10,14 +10,19 @@ dataclasses (a field typed `str | bool | None` is not callable).
 
 Called after such a library already bound transformers' classes, the patch could not reach it: the
 library would train on transformers without a word. So the patch looks first, and refuses naming
-the modules and the fix (import them after the patch), changing nothing.
+the modules and the fix (import them after the patch), changing nothing. A class held where the
+look does not reach (a registry dict, a list, a default argument) is caught when it is used: after
+the patch, transformers' own Trainer, TrainingArguments and their Seq2Seq kinds (and every subclass
+of them) refuse to be built, with the same error and fix. Nothing in transformers builds them once
+patched (its modules' globals, which its own code reads, are trainwright's then); copies of an
+object built before the patch still work (a copy does not call `__init__`).
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import Any
 
 # (transformers module that defines it, name): the classes the patch replaces
@@ -28,6 +33,13 @@ _REPLACED = (
     ("transformers.training_args_seq2seq", "Seq2SeqTrainingArguments"),
     ("transformers.hf_argparser", "HfArgumentParser"),
 )
+
+
+# transformers' classes that refuse to be built after the patch (HfArgumentParser stays usable: it
+# trains nothing, and parses a user's own dataclasses as well as it did)
+_REFUSED = ("Trainer", "TrainingArguments", "Seq2SeqTrainer", "Seq2SeqTrainingArguments")
+# modules whose frames stand between the code building a refused class and the refusal
+_PASSED = ("transformers", "dataclasses", "copy", __name__)
 
 
 class PatchTooLateError(RuntimeError):
@@ -99,13 +111,58 @@ def _too_late(holders: dict[str, list[str]]) -> PatchTooLateError:
     )
 
 
+def _builder() -> str:
+    """The module of the code building a refused class: the first frame up from the refusal outside
+    transformers, dataclasses and this module."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        name = str(frame.f_globals.get("__name__", ""))
+        if not any(name == p or name.startswith(p + ".") for p in _PASSED):
+            return name
+        frame = frame.f_back
+    return "__main__"
+
+
+def _built_too_late(cls: type, original: str) -> PatchTooLateError:
+    builder = _builder()
+    where = (
+        "first thing in the script" if builder == "__main__" else f"before importing {builder.split('.')[0]}"
+    )
+    return PatchTooLateError(
+        f"{cls.__module__}.{cls.__qualname__} is transformers' own {original} (or a subclass of it), built "
+        f"by {builder} after trainwright.patch_transformers() replaced it: it was taken before the patch and "
+        "kept where the patch cannot reach (a registry, a list, a default argument), and would train on "
+        f"transformers. Call trainwright.patch_transformers() {where}, or run the script unchanged with "
+        "`trainwright run SCRIPT.py`."
+    )
+
+
+def _refuse_to_build(originals: dict[str, Any]) -> None:
+    """transformers' own classes (and so their subclasses) raise `PatchTooLateError` when built: their
+    `__init__`, and the `__post_init__` that a dataclass subclass's own `__init__` calls."""
+    for name in _REFUSED:
+        cls = originals[name]
+        for method in ("__init__", "__post_init__"):
+            if method in vars(cls) and not getattr(vars(cls)[method], "_trainwright_refuses", False):
+                setattr(cls, method, _refusal(name))
+
+
+def _refusal(original: str) -> Any:
+    def refuse(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise _built_too_late(type(self), original)
+
+    refuse._trainwright_refuses = True  # type: ignore[attr-defined]
+    return refuse
+
+
 def patch_transformers() -> None:
     """Make trainwright's `Trainer`, `TrainingArguments`, `Seq2SeqTrainer`, `Seq2SeqTrainingArguments`
     and `HfArgumentParser` the ones every transformers module exposes, so code imported afterwards
     (TRL, a script's `from transformers import Trainer`) runs on trainwright. Idempotent.
 
     Raises `PatchTooLateError`, changing nothing, when a module outside transformers already holds
-    one of transformers' classes (it was imported first and would not be reached)."""
+    one of transformers' classes (it was imported first and would not be reached). Afterwards
+    transformers' own classes raise it when built (held somewhere else, they were not reached either)."""
     originals = _originals()
     ours = _ours()
     holders = _holders(originals)
@@ -121,6 +178,29 @@ def patch_transformers() -> None:
         for name, original in originals.items():
             if module.__dict__.get(name) is original:
                 setattr(module, name, ours[name])
-    package = sys.modules["transformers"]
-    for name, cls in ours.items():  # the lazily resolved package attributes
-        setattr(package, name, cls)
+    for package in [sys.modules["transformers"], *_left_behind()]:
+        for name, cls in ours.items():  # the lazily resolved package attributes
+            setattr(package, name, cls)
+    _refuse_to_build(originals)
+
+
+def _left_behind() -> list[ModuleType]:
+    """transformers package objects that modules still hold but `sys.modules` no longer has: importing
+    `transformers.processing_utils` runs the package's `__init__` again (`direct_transformers_import`),
+    so a script's `import transformers` made before the patch holds the first one, whose attributes
+    already looked up would still be transformers' classes."""
+    current = sys.modules["transformers"]
+    found: dict[int, ModuleType] = {}
+    for module in list(sys.modules.values()):
+        if not isinstance(module, ModuleType):
+            continue
+        for value in list(vars(module).values()):
+            # type() and vars() only: some attributes warn when asked for their class, and a lazy
+            # module's attributes import what they name
+            if (
+                issubclass(type(value), ModuleType)
+                and value is not current
+                and vars(value).get("__name__") == "transformers"
+            ):
+                found[id(value)] = value
+    return list(found.values())

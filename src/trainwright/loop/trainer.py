@@ -55,6 +55,7 @@ class Trainer(TrainerAPI):
         """Run the training loop; `resume_from_checkpoint=True` takes the newest complete checkpoint."""
         if kwargs:
             raise TypeError(f"train() got unexpected keyword arguments: {sorted(kwargs)}")
+        self._sync_args()
         args = self.args
         self.is_in_train = True
         self._memory_tracker.start("train")

@@ -516,12 +516,14 @@ class TrainerAPI(TrainerSetup):
         metric_key_prefix: str = "eval",
     ) -> dict[str, float]:
         """Evaluate; with a dict of datasets, each one's metrics are prefixed `eval_<name>_`."""
+        self._sync_args()
         return prediction.evaluate(self, eval_dataset, ignore_keys, metric_key_prefix)
 
     def predict(
         self, test_dataset: Dataset, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
     ) -> PredictionOutput:
         """Predictions (padded with -100 across batches), labels and metrics for a dataset."""
+        self._sync_args()
         return prediction.predict(self, test_dataset, ignore_keys, metric_key_prefix)
 
     def evaluation_loop(

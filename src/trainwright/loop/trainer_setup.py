@@ -89,6 +89,7 @@ class TrainerSetup:
     _train_batch_size: int
     _hp_search: _Search | None  # hpo's search while one runs (hyperparameter_search sets it)
     _plugins: list[plugins.PlugIn]  # the optional features these arguments ask for (plugins.PLUGINS)
+    _args_source: foreign.Source | None  # transformers' arguments object `args` was converted from
     # Upstream hooks that the classes below define and that this class's methods (or the parts they
     # hand `self` to) call: overridable there.
     init_hf_repo: Callable[..., None]
@@ -115,8 +116,11 @@ class TrainerSetup:
         preprocess_logits_for_metrics: Callable | None = None,
         tokenizer: Any = None,
     ):
-        # transformers' own arguments are converted (a library's subclass of them is refused)
-        args = TrainingArguments(output_dir="tmp_trainer") if args is None else foreign.coerce(args)
+        # transformers' own arguments are converted (a library's subclass of them is refused); the
+        # user's later changes to that object reach the conversion at train() / evaluate() / predict()
+        args, self._args_source = (
+            (TrainingArguments(output_dir="tmp_trainer"), None) if args is None else foreign.convert(args)
+        )
         self.args = args
         if tokenizer is not None:
             warnings.warn("`tokenizer` is deprecated: pass `processing_class`.", FutureWarning, stacklevel=2)
@@ -254,6 +258,12 @@ class TrainerSetup:
                 raise ValueError(
                     "train_dataset has no length (an IterableDataset): set `max_steps` to say how long to train."
                 )
+
+    def _sync_args(self) -> None:
+        """Changes made since to the transformers arguments object `args` was converted from, onto
+        `self.args` (transformers' Trainer holds that object itself)."""
+        if self._args_source is not None:
+            self._args_source.sync(self.args)
 
     def call_model_init(self, trial: Any = None) -> nn.Module:
         """Build a fresh model with `model_init` (which may take the HP-search trial)."""
