@@ -145,6 +145,55 @@ def test_resumed_epoch_skips_seen_samples_without_loading_them(make_args, tmp_pa
     assert fresh.getitem_calls == 30  # only the 6 remaining batches of 5 were loaded
 
 
+class _ResumedBy(Trainer):
+    """Overrides `get_resumed_dataloader` (transformers 5.25), recording each call; defers to the
+    default, or hands back the loader unskipped (a stateful loader that positions itself would)."""
+
+    def __init__(self, *args, defer: bool, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.defer, self.calls = defer, []
+
+    def get_resumed_dataloader(self, dataloader, num_batches):
+        self.calls.append(num_batches)
+        return super().get_resumed_dataloader(dataloader, num_batches) if self.defer else dataloader
+
+
+def test_get_resumed_dataloader_is_called_where_a_resumed_epoch_skips(make_args, tmp_path):
+    """A subclass's `get_resumed_dataloader` is given the loader and the epoch's seen micro-batches,
+    and its result is what the resumed epoch trains on; the default skips in the sampler (none of the
+    seen samples loaded) and the run ends bit-identical to the uninterrupted one."""
+
+    def run(out, max_steps, resume=None, **kw):
+        args = make_args(
+            per_device_train_batch_size=5,
+            gradient_accumulation_steps=2,
+            max_steps=max_steps,
+            save_strategy="steps",
+            save_steps=2,
+            output_dir=str(tmp_path / out),
+        )
+        torch.manual_seed(0)
+        cls = _ResumedBy if "defer" in kw else Trainer
+        trainer = cls(model=_LinearModel(), args=args, train_dataset=VectorDataset(n=50), **kw)
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    whole = run("whole", 5)  # 5 steps of 2 micro-batches: one epoch of 10 batches
+    checkpoint = str(tmp_path / "whole" / "checkpoint-2")
+    deferred = run("deferred", 5, checkpoint, defer=True)
+    assert deferred.calls == [4]  # 2 steps x 2 micro-batches
+    assert deferred.train_dataset.getitem_calls == 30  # the 6 batches left, the seen ones not loaded
+    unskipped = run("unskipped", 5, checkpoint, defer=False)
+    assert unskipped.calls == [4]
+    for (name, a), b, c in zip(
+        whole.model.state_dict().items(),
+        deferred.model.state_dict().values(),
+        unskipped.model.state_dict().values(),
+    ):
+        assert torch.equal(a, b), name
+        assert not torch.equal(a, c), name  # the epoch's first batches again: the override's result trained
+
+
 class _LinearModel(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -19,8 +19,6 @@ import json
 import os
 import queue
 import shutil
-import subprocess
-import sys
 import threading
 import time
 
@@ -36,7 +34,6 @@ from kit.torchrun import (
     finish,
     free_port,
     kill_tree,
-    launch_env,
     result,
     start,
     torchrun,
@@ -44,7 +41,7 @@ from kit.torchrun import (
 )
 
 import trainwright.checkpoint as ckpt
-from trainwright.distributed.fsdp import MODEL_DIR, OPTIMIZER_DIR, _wrap_units, load_sharded
+from trainwright.distributed.fsdp import MODEL_DIR, OPTIMIZER_DIR, fsdp2_supported, load_sharded
 
 DROPOUT_RUN = {
     "per_device_train_batch_size": 4,
@@ -102,6 +99,13 @@ TASKS = {
     },
     "ddp_dropout": {"model": "mlp_dropout", "args": DROPOUT_RUN},
 }
+# FSDP2 is refused on a torch older than fsdp.FSDP2_MIN_TORCH (the range check's floor may be one):
+# its scenarios are left out there and their tests skipped (test_fsdp2_needs_a_recent_torch_by_name)
+needs_fsdp2 = pytest.mark.skipif(
+    not fsdp2_supported(), reason=f"FSDP2 needs a newer torch than {torch.__version__}"
+)
+if not fsdp2_supported():
+    TASKS = {name: task for name, task in TASKS.items() if not name.startswith("fsdp")}
 # The same global batch of 8 in one process.
 ONE_PROCESS = {
     "ddp_mlp": {"predict": 13, "args": {"per_device_train_batch_size": 8}},
@@ -250,6 +254,7 @@ def test_files_are_written_by_the_main_process_only(two_proc):
 
 
 # ------------------------------------------------------------------------------------ FSDP2
+@needs_fsdp2
 def test_fsdp_full_shard_auto_wrap_matches_ddp_and_one_process(two_proc, one_proc):
     folder = os.path.join(two_proc, "fsdp_lm")
     assert [p["sharded"] for p in probes(folder)] == [True, True]
@@ -262,6 +267,7 @@ def test_fsdp_full_shard_auto_wrap_matches_ddp_and_one_process(two_proc, one_pro
     torch.testing.assert_close(model.blocks[1].mlp[2].weight, consolidated["blocks.1.mlp.2.weight"])
 
 
+@needs_fsdp2
 def test_fsdp_evaluation_gathers_in_dataset_order(two_proc, one_proc):
     two, one = (
         np.load(os.path.join(two_proc, "fsdp_lm", "predictions.npz")),
@@ -278,6 +284,7 @@ def test_fsdp_evaluation_gathers_in_dataset_order(two_proc, one_proc):
     assert m2["test_token_accuracy"] == m1["test_token_accuracy"]
 
 
+@needs_fsdp2
 def test_fsdp_checkpoints_are_dcp_folders(two_proc):
     checkpoint = os.path.join(two_proc, "fsdp_lm", "checkpoint-2")
     assert not ckpt.verify_checkpoint(checkpoint)
@@ -289,6 +296,7 @@ def test_fsdp_checkpoints_are_dcp_folders(two_proc):
     assert os.path.isfile(os.path.join(checkpoint, "scheduler.pt"))
 
 
+@needs_fsdp2
 def test_fsdp_load_best_model_at_end_reads_the_dcp_checkpoint(two_proc):
     folder = os.path.join(two_proc, "fsdp_best")
     res = result(folder)
@@ -303,6 +311,7 @@ def test_fsdp_load_best_model_at_end_reads_the_dcp_checkpoint(two_proc):
         assert same is expect_equal, step
 
 
+@needs_fsdp2
 def test_fsdp_shard_grad_op_with_offload_matches_one_process(two_proc, one_proc):
     assert_close_weights(
         weights(os.path.join(two_proc, "fsdp_grad_op_offload")),
@@ -311,6 +320,7 @@ def test_fsdp_shard_grad_op_with_offload_matches_one_process(two_proc, one_proc)
     )
 
 
+@needs_fsdp2
 def test_fsdp_bf16_computes_in_bfloat16(two_proc, one_proc):
     folder = os.path.join(two_proc, "fsdp_bf16")
     assert [p["param_dtype_in_forward"] for p in probes(folder)] == [["torch.bfloat16"]] * 2
@@ -325,20 +335,20 @@ def test_fsdp_bf16_computes_in_bfloat16(two_proc, one_proc):
 def resumed(two_proc, tmp_path_factory) -> str:
     """New 2-process jobs resuming the DDP dropout run at step 3 and the FSDP run at step 2."""
     out = str(tmp_path_factory.mktemp("resumed"))
-    for name, step in (("ddp_dropout", 3), ("fsdp_lm", 2)):
+    runs = (("ddp_dropout", 3), ("fsdp_lm", 2)) if fsdp2_supported() else (("ddp_dropout", 3),)
+    for name, step in runs:
         os.makedirs(os.path.join(out, name))
         shutil.copytree(
             os.path.join(two_proc, name, f"checkpoint-{step}"), os.path.join(out, name, f"checkpoint-{step}")
         )
     tasks = [
-        {"name": n, **{k: v for k, v in TASKS[n].items() if k != "predict"}, "resume": True}
-        for n in ("ddp_dropout", "fsdp_lm")
+        {"name": n, **{k: v for k, v in TASKS[n].items() if k != "predict"}, "resume": True} for n, _ in runs
     ]
     torchrun({"out": out, "tasks": tasks})
     return out
 
 
-@pytest.mark.parametrize("name", ["ddp_dropout", "fsdp_lm"])
+@pytest.mark.parametrize("name", ["ddp_dropout", pytest.param("fsdp_lm", marks=needs_fsdp2)])
 def test_resume_in_new_processes_is_bit_identical(two_proc, resumed, name):
     ref, res = os.path.join(two_proc, name), os.path.join(resumed, name)
     assert result(res)["global_step"] == result(ref)["global_step"]
@@ -348,6 +358,7 @@ def test_resume_in_new_processes_is_bit_identical(two_proc, resumed, name):
         assert torch.equal(res_w[k], ref_w[k]), k
 
 
+@needs_fsdp2
 def test_fsdp_checkpoint_resumes_on_a_different_number_of_processes(two_proc, tmp_path):
     """DCP reshards: the 2-process FSDP checkpoint resumes in this single, unsharded process. With the
     same global batch the saved position is rescaled to the new number of processes, so both
@@ -387,7 +398,7 @@ def test_two_nodes_over_loopback_train_like_one_node(two_proc, one_proc, tmp_pat
         {"name": "each_node", "per_rank_dirs": True, "args": {"save_on_each_node": True}},
         {"name": "first_node_logs", "args": {"log_on_each_node": False}},
         {"name": "hybrid_lm", "model": "lm", "args": {**LM_GA, "fsdp": "hybrid_shard"}},
-    ]
+    ][: None if fsdp2_supported() else -1]
     two_node_torchrun({"out": out, "level": 20, "tasks": tasks})
     ref, got = weights(os.path.join(two_proc, "ddp_mlp")), weights(os.path.join(out, "ddp_mlp"))
     for k in ref:
@@ -472,94 +483,6 @@ def test_a_stuck_rank_fails_the_job_after_ddp_timeout(tmp_path):
     assert 8 <= elapsed < 60, elapsed
     assert "rank 1 hangs at step 2" in out
     assert "Timed out waiting 8000ms" in out  # gloo's own message, with the ddp_timeout it was given
-
-
-# ------------------------------------------------------------------------------------ one process, no launcher
-def test_fsdp_auto_wrap_picks_layers_innermost_first():
-    model = dist_job.build_model("lm")
-    units = _wrap_units(model, ["full_shard", "auto_wrap"], {"transformer_layer_cls_to_wrap": ["_Block"]})
-    assert units == [model.blocks[1], model.blocks[0]]
-    # the size rule shards children before their parents, each parameter in one unit
-    sized = _wrap_units(model, ["full_shard"], {"min_num_params": 1100})
-    assert sized.index(model.blocks[0].mlp) < sized.index(model.blocks[0])
-    assert model.blocks[0].attn not in sized  # 1088 parameters: left to its block
-    assert _wrap_units(model, ["full_shard"], {}) == []
-
-
-def test_fsdp_auto_wrap_errors_name_the_setting():
-    model = dist_job.build_model("lm")
-    with pytest.raises(ValueError, match=r"no submodule of class \['GPT2Block'\].*_Block"):
-        _wrap_units(model, ["auto_wrap"], {"transformer_layer_cls_to_wrap": ["GPT2Block"]})
-    with pytest.raises(ValueError, match="transformer_layer_cls_to_wrap.*min_num_params"):
-        _wrap_units(model, ["auto_wrap"], {})
-
-
-def test_one_process_with_fsdp_trains_unsharded(make_args, caplog):
-    from trainwright.core.runtime import get_runtime
-    from trainwright.distributed.engine import Engine
-    from trainwright.distributed.engines import build_engine
-
-    runtime = get_runtime(use_cpu=True)
-    model = dist_job.build_model("mlp")
-    with caplog.at_level("WARNING", logger="trainwright.distributed.engines"):
-        engine = build_engine(make_args(fsdp="full_shard"), runtime, model)
-    assert runtime.world_size == 1 and type(engine) is Engine and engine.wrap(model) is model
-    assert "this is one process: training without sharding" in caplog.text
-
-
-def test_an_engine_step_before_start_is_an_error_not_a_silent_skip(make_args):
-    """The step's parts are bound in start(): before it, backward/clip/step raise instead of doing nothing."""
-    from trainwright.core.runtime import get_runtime
-    from trainwright.distributed.engines import build_engine
-
-    engine = build_engine(
-        make_args(max_grad_norm=1.0), get_runtime(use_cpu=True), dist_job.build_model("mlp")
-    )
-    for call in (
-        lambda: engine.backward(torch.ones((), requires_grad=True)),
-        engine.clip,
-        lambda: engine.step(None),
-    ):
-        with pytest.raises(RuntimeError, match=r"before Engine.start\(\)"):
-            call()
-
-
-def test_fsdp_refuses_a_prebuilt_optimizer(make_args):
-    from trainwright.loop.trainer import Trainer
-
-    model = dist_job.build_model("mlp")
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match="optimizer_cls_and_kwargs"):
-        Trainer(model=model, args=make_args(fsdp="full_shard"), optimizers=(optimizer, None))
-
-
-def test_world_size_without_a_rendezvous_address_is_a_clear_error():
-    env = {**launch_env(), "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
-    env.pop("MASTER_ADDR", None)
-    code = "from trainwright.core.runtime import get_runtime; get_runtime(use_cpu=True)"
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
-    assert "MASTER_ADDR and MASTER_PORT is not set: launch with torchrun" in proc.stderr
-
-
-def test_uncaught_errors_reach_torchelastics_error_file(tmp_path, monkeypatch):
-    from trainwright.core import runtime
-    from trainwright.core.runtime import _error_file_hook
-
-    monkeypatch.setattr(runtime, "_FAILED", False)  # the hook marks the process as failing
-    path = tmp_path / "error.json"
-    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
-    seen = []
-    hook = _error_file_hook(lambda *exc: seen.append(exc[0]))
-    try:
-        raise KeyError("lost")
-    except KeyError as exc:
-        hook(type(exc), exc, exc.__traceback__)
-    message = json.loads(path.read_text())["message"]
-    assert message["message"] == "KeyError: 'lost'"
-    assert "raise KeyError" in message["extraInfo"]["py_callstack"]
-    assert seen == [KeyError]  # the usual report still runs
-    assert runtime._FAILED  # so the exit handler leaves the process group alone
 
 
 @pytest.mark.slow

@@ -185,3 +185,25 @@ def test_interleave_shards_restores_dataset_order_and_trims_padding():
     merged = nested_truncate(interleave_shards(pairs), n)
     assert merged[0].tolist() == [i * 10 for i in range(n)]
     assert merged[1].shape == (n, 2) and merged[1][0, 1] == -100 and merged[1][2, 1] == 20
+
+
+class _CachingModel(RegressionModel):
+    """A model without a config whose dict output carries a key/value cache under both names."""
+
+    def forward(self, input_x, labels=None):
+        y = input_x * self.a + self.b
+        out = {"logits": y, "cache": y + 1, "past_key_values": y + 2}
+        return {"loss": nn.functional.mse_loss(y, labels), **out} if labels is not None else out
+
+
+def test_prediction_drops_the_cache_key_the_installed_transformers_names(make_args):
+    """Without `config.keys_to_ignore_at_inference`, predictions leave out the output key that the
+    installed transformers gives the cache (`cache` since 5.24, `past_key_values` before), as upstream."""
+    transformers = pytest.importorskip("transformers")
+    from packaging.version import Version
+
+    dropped = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
+    kept = 2 if dropped == "cache" else 1  # the offset of the other key (past_key_values: 2, cache: 1)
+    trainer = Trainer(model=_CachingModel(a=1.0), args=make_args(), eval_dataset=RegressionDataset(length=8))
+    logits, other = trainer.predict(RegressionDataset(length=8)).predictions
+    np.testing.assert_allclose(other, logits + kept)

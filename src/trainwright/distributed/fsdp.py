@@ -41,6 +41,10 @@ from trainwright.distributed import parallelism
 logger = logging.getLogger(__name__)
 
 MODEL_DIR = "pytorch_model_fsdp_0"
+# FSDP2 (`fully_shard`) on CPU/gloo, as measured (tests/distributed/test_distributed.py -k fsdp): 2.9.1,
+# 2.10, 2.13, 2.14.1 pass; 2.8.0 trains but sharded weights and predictions do not match one process;
+# 2.6 fails inside torch ('Stream' object has no attribute 'record_event'); 2.7 not measured
+FSDP2_MIN_TORCH = (2, 9)
 OPTIMIZER_DIR = "optimizer_0"
 
 # fsdp_config keys this module reads; the others of upstream's vocabulary configure FSDP1 or XLA.
@@ -78,6 +82,23 @@ def fsdp_options(args: Any) -> list[str]:
     return [str(getattr(w, "value", w)) for w in words]
 
 
+def fsdp2_supported() -> bool:
+    """Whether this torch is one FSDP2 trains on (FSDP2_MIN_TORCH or later)."""
+    release = tuple(int(part) for part in str(torch.__version__).split("+")[0].split(".")[:2])
+    return release >= FSDP2_MIN_TORCH
+
+
+def require_fsdp2_torch() -> None:
+    """Refuse FSDP2 on a torch older than the lowest that trains with it, naming it and the fix."""
+    if not fsdp2_supported():
+        needed = ".".join(map(str, FSDP2_MIN_TORCH))
+        raise RuntimeError(
+            f"fsdp / parallelism_config sharding (FSDP2, torch's fully_shard) needs torch>={needed}; this "
+            f"is torch {torch.__version__}. Upgrade it (pip install 'torch>={needed}'), or train with DDP "
+            "(leave `fsdp` unset)."
+        )
+
+
 def is_sharded(model: Any) -> bool:
     """Whether `fully_shard` has been applied to the model (its root is an FSDPModule)."""
     if not dist.is_available():  # builds without torch.distributed cannot shard (or import FSDP)
@@ -101,6 +122,7 @@ def shard_model(model: nn.Module, args: Any, runtime: Any, mesh: Any = None) -> 
     every rank the same weights."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
+    require_fsdp2_torch()
     options = fsdp_options(args)
     config = dict(getattr(args, "fsdp_config", None) or {})
     _check_config(config)

@@ -40,6 +40,19 @@ class DataTrainer(Protocol):
     def _get_eval_sampler(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
+def resumed_dataloader(dataloader: Any, num_batches: int) -> Any:
+    """`dataloader` past its first `num_batches` batches: a resumable sampler starts after them (none
+    is loaded); a loader prepared by accelerate continues its epoch; any other is iterated past them."""
+    sampler: Any = getattr(dataloader, "sampler", None)
+    batch_size = getattr(dataloader, "batch_size", None)
+    if hasattr(sampler, "set_start") and batch_size:
+        sampler.set_start(min(num_batches * batch_size, len(sampler)))
+        return dataloader
+    if callable(continue_epoch := getattr(dataloader, "continue_epoch", None)):
+        return continue_epoch(num_batches)
+    return data_utils.skip_iterable(dataloader, num_batches)
+
+
 def is_hf_dataset(dataset: Any) -> bool:
     """A `datasets.Dataset` (its columns can be removed up front), told without importing `datasets`."""
     return type(dataset).__module__.startswith("datasets.") and hasattr(dataset, "column_names")

@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from functools import partial
+from functools import cache, partial
 from typing import Any, Protocol
 
 import torch
@@ -308,7 +308,7 @@ def prediction_step(
     inputs = trainer._prepare_inputs(inputs)
     if ignore_keys is None:
         config = getattr(model, "config", None)
-        ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", ["past_key_values"]) or [])
+        ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", [cache_output_key()]) or [])
     labels = None
     if has_labels or loss_without_labels:
         # without label names the labels are an empty tuple, not None: `compute_metrics` is still called
@@ -339,6 +339,17 @@ def _loss_inputs(model: nn.Module, inputs: dict[str, Any], loss_only: bool) -> d
     """The inputs of a forward for the loss: a forward for the loss alone asks Liger's kernels to
     skip the logits (`skip_logits`, as upstream; the fused loss reads `fused_loss.loss_only`)."""
     return {**inputs, "skip_logits": True} if loss_only and liger.is_applied(model) else inputs
+
+
+@cache
+def cache_output_key() -> str:
+    """The output key of the key/value cache that prediction drops by default, as the installed
+    transformers names it: `cache` since 5.24, `past_key_values` before (and without transformers)."""
+    try:
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+    except ImportError:
+        return "past_key_values"
+    return "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 def _logits_of(outputs: Any, skip: set[str], drop_first: bool) -> Any:

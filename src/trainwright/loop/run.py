@@ -80,6 +80,7 @@ class TrainingRun:
         "tokens_at_start",
         "input_tokens_at_start",
         "iterable_restored",
+        "resumed_loader",
         "eval_stops_on_preemption",
         "evaluation_pending",
         "divergence",
@@ -142,6 +143,8 @@ class TrainingRun:
         self.start_time = time.time()
         self.samples_at_start = self.tokens_at_start = self.input_tokens_at_start = 0
         self.iterable_restored = False  # an iterable dataset's own state came back: skip nothing
+        # a Trainer subclass's get_resumed_dataloader: it skips a resumed epoch's seen batches
+        self.resumed_loader: Callable[[Any, int], Any] | None = None
         self.eval_stops_on_preemption = False  # True while the loop's own evaluation runs
         self.evaluation_pending = False  # a preemption cut the last evaluation short (resume runs it)
         self.divergence = Divergence()  # the first non-finite step, the last checkpoint before it
@@ -222,6 +225,8 @@ class TrainingRun:
         ):
             if hasattr(obj, "set_epoch"):
                 obj.set_epoch(epoch)
+        if self.resumed_loader is not None and self.cursor.batch_in_epoch and not self.iterable_restored:
+            return self._resumed_by_override(dataloader, sampler)
         if hasattr(sampler, "set_start"):  # seen samples are skipped in the sampler, never loaded
             sampler.set_start(self.cursor.samples_in_epoch)
             return iter(dataloader)
@@ -237,6 +242,18 @@ class TrainingRun:
             restore_rng_state(rng)
             return batches
         return data_utils.iterate_epoch(dataloader, from_start=self.cursor.batch_in_epoch == 0)
+
+    def _resumed_by_override(self, dataloader: Any, sampler: Any) -> Iterator[Any]:
+        """A resumed epoch's batches from the subclass's `get_resumed_dataloader`, given the whole
+        epoch's loader and the micro-batches to skip, as upstream calls it. What the call itself loads
+        (an eager skip) does not move the checkpoint's RNG state."""
+        if hasattr(sampler, "set_start"):
+            sampler.set_start(0)  # a restored sampler position would skip the batches twice
+        assert self.resumed_loader is not None
+        rng = capture_rng_state()
+        batches = iter(self.resumed_loader(dataloader, self.cursor.batch_in_epoch))
+        restore_rng_state(rng)
+        return batches
 
     def begin_step(self, micro_batches: list) -> int:
         """A step of these micro-batches starts; the index of its last one."""

@@ -194,6 +194,12 @@ class TrainerAPI(TrainerSetup):
         """Training dataloader: resumable sampler, worker seeds fixed by (seed, epoch)."""
         return dataloaders.train_dataloader(self)
 
+    def get_resumed_dataloader(self, dataloader: Any, num_batches: int) -> Any:
+        """The training loader of a resumed epoch past its first `num_batches` batches (transformers
+        5.25). trainwright's loader starts its sampler after them, loading none; another loader loads
+        and drops them. A subclass's override is called where a resume skips, as upstream."""
+        return dataloaders.resumed_dataloader(dataloader, num_batches)
+
     def get_eval_dataloader(self, eval_dataset: str | Dataset | None = None) -> torch.utils.data.DataLoader:
         """Evaluation dataloader (a name selects one of a dict of eval datasets)."""
         return dataloaders.eval_dataloader(self, eval_dataset)
