@@ -45,6 +45,7 @@ TRAINER_CLASSES = [
 STEP_PATH = [
     "loop/trainer.py:Trainer._run_epoch",
     "loop/trainer.py:Trainer.get_batch_samples",
+    "data/look_ahead.py:LookAhead._walk",  # each micro-batch fetched one ahead (its epoch's start counted too)
     "loop/trainer.py:Trainer._weights",
     # before StepWeights (trees up to 151ff49): the same work on the Trainer
     "loop/trainer.py:Trainer._items_in_step",

@@ -37,6 +37,7 @@ _ORDER = [
     "optimizer.pt",
     "scheduler.pt",
     "rng_state.pth",
+    "batch_in_hand.safetensors",  # the batch fetched ahead of the next step
     "data_state.json",
     "trainer_state.json",
 ]

@@ -142,7 +142,8 @@ def test_resumed_epoch_skips_seen_samples_without_loading_them(make_args, tmp_pa
     args = make_args(per_device_train_batch_size=5, max_steps=10, output_dir=str(tmp_path / "a"))
     trainer = Trainer(model=_LinearModel(), args=args, train_dataset=fresh)
     trainer.train(resume_from_checkpoint=os.path.join(tmp_path, "a", "checkpoint-4"))
-    assert fresh.getitem_calls == 30  # only the 6 remaining batches of 5 were loaded
+    # only the 5 batches of 5 after the checkpoint's batch in hand (trained first) were loaded
+    assert fresh.getitem_calls == 25
 
 
 class _ResumedBy(Trainer):
@@ -446,7 +447,8 @@ def test_skipped_batches_of_a_library_loader_leave_the_checkpoints_rng_as_it_was
     whole = trainer(str(tmp_path / "whole"))
     whole.train()
     resumed = trainer(str(tmp_path / "resumed"))
-    with pytest.warns(UserWarning, match="Skipping 2 batches by iterating"):
+    # the 2 trained and the one in hand at the checkpoint (trained first, from the checkpoint)
+    with pytest.warns(UserWarning, match="Skipping 3 batches by iterating"):
         resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))
     for (name, a), b in zip(whole.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(a, b), name
@@ -504,7 +506,8 @@ def test_skipped_batches_of_an_iterable_dataset_leave_the_checkpoints_rng_as_it_
     whole = trainer(str(tmp_path / "whole"))
     whole.train()
     resumed = trainer(str(tmp_path / "resumed"))
-    with pytest.warns(UserWarning, match="Skipping 2 batches by iterating"):
+    # the 2 trained and the one in hand at the checkpoint (trained first, from the checkpoint)
+    with pytest.warns(UserWarning, match="Skipping 3 batches by iterating"):
         resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))
     for (name, a), b in zip(whole.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(a, b), name

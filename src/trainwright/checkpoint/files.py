@@ -5,12 +5,15 @@ Public API (re-exported by `trainwright.checkpoint`):
 
 * File names: `WEIGHTS_NAME`, `WEIGHTS_INDEX_NAME`, `PT_WEIGHTS_NAME`, `PT_WEIGHTS_INDEX_NAME`,
   `OPTIMIZER_NAME`, `SCHEDULER_NAME`, `SCALER_NAME`, `TRAINER_STATE_NAME`, `TRAINING_ARGS_NAME`,
-  `TRAINING_ARGS_BIN_NAME`, `DATA_STATE_NAME`, `RNG_STATE_NAME`, `CHECKPOINT_COMPLETE_NAME`.
+  `TRAINING_ARGS_BIN_NAME`, `DATA_STATE_NAME`, `RNG_STATE_NAME`, `BATCH_IN_HAND_NAME`,
+  `CHECKPOINT_COMPLETE_NAME`.
 * Errors: `CheckpointError` (a `RuntimeError`); `CheckpointFileNotFoundError` is also a
   `FileNotFoundError`. Messages name the file and the folder.
 * `safe_torch_load(path, map_location="cpu")`: `torch.load(weights_only=True)` with clear errors.
 * `save_torch_state(state, path)`: `torch.save` of a state dict after checking that
   `weights_only=True` will be able to read it back.
+* `save_tensors_state(state, path)` / `load_tensors_state(path)`: a state of named tensors and string
+  metadata (`{"tensors": ..., "metadata": ...}`) as a safetensors file (the batch in hand).
 * `write_json(path, obj)` (atomic, fsynced) / `read_json(path)`: `core/files.py`'s, with a
   `CheckpointError` naming the file.
 * `write_training_args(folder, arguments)`: `training_args.json` and `training_args.bin`.
@@ -33,7 +36,7 @@ import pickle
 import re
 import zipfile
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -63,6 +66,9 @@ DATA_STATE_NAME = "data_state.json"
 BASE_MODEL_NAME = "base_model.json"  # a PEFT model's checkpoint: the base its adapters were trained on
 TF_CHECKPOINT_PREFIX = "tf_checkpoint"  # TFTrainer's variables: tf_checkpoint.index and its data shards
 RNG_STATE_NAME = "rng_state.pth"
+BATCH_IN_HAND_NAME = (
+    "batch_in_hand.safetensors"  # the training batch fetched ahead of the next step, per process
+)
 CHECKPOINT_COMPLETE_NAME = "checkpoint_complete.json"
 
 
@@ -226,6 +232,35 @@ def save_torch_state(state: Any, path: str | os.PathLike) -> None:
     with writing_file(path):
         torch.save(state, path)
     make_durable(path)
+
+
+def save_tensors_state(state: Mapping[str, Any], path: str | os.PathLike) -> None:
+    """`state["tensors"]` (names to tensors, each its own storage) with `state["metadata"]` (strings)
+    as a safetensors file, fsynced."""
+    from safetensors.torch import save_file
+
+    path = os.fspath(path)
+    with writing_file(path):
+        save_file(dict(state["tensors"]), path, metadata=dict(state["metadata"]))
+        honour_umask(path)  # safetensors writes through a temporary file of mode 0600
+    make_durable(path)
+
+
+def load_tensors_state(path: str | os.PathLike) -> dict[str, Any]:
+    """The state `save_tensors_state` wrote (tensors on the CPU, in the file's order); a missing or
+    damaged file is a `CheckpointError` naming it."""
+    from safetensors import SafetensorError, safe_open
+
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise file_missing(path)
+    try:
+        with safe_open(path, framework="pt") as f:
+            tensors = {key: f.get_tensor(key) for key in f.keys()}
+            metadata = dict(f.metadata() or {})
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is damaged: {exc}") from exc
+    return {"tensors": tensors, "metadata": metadata}
 
 
 def write_training_args(folder: str | os.PathLike, arguments: dict[str, Any]) -> None:

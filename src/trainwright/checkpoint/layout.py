@@ -8,8 +8,8 @@ rows are required. Adding a part to trainwright's checkpoints is its object (a S
 row here. A user's part (a callback with a `checkpoint_part` name) declares its own file instead
 (`checkpoint_file`, `declared_spec`): the table stays the library's.
 
-Kinds: "torch" and "json" are Stateful parts whose state dict is one file (`torch.save` read back
-weights-only, or JSON); "weights" is the model's weights (safetensors, shards, or `pytorch_model.bin`),
+Kinds: "torch", "json" and "tensors" are Stateful parts whose state dict is one file (`torch.save`
+read back weights-only, JSON, or safetensors: `{"tensors": ..., "metadata": ...}`); "weights" is the model's weights (safetensors, shards, or `pytorch_model.bin`),
 "folder" a format of the part's own (FSDP's DCP folders, DeepSpeed's engine checkpoint); both save
 and load themselves.
 """
@@ -22,6 +22,7 @@ from typing import Any
 
 from trainwright.checkpoint.files import (
     BASE_MODEL_NAME,
+    BATCH_IN_HAND_NAME,
     DATA_STATE_NAME,
     OPTIMIZER_NAME,
     RNG_STATE_NAME,
@@ -36,14 +37,15 @@ from trainwright.checkpoint.files import (
 class PartSpec:
     """Where part `name` lives and what a resume requires of it.
 
-    `file`: the file of a Stateful part (per process when `every_process`: `rng_state_<rank>.pth`),
+    `file`: the file of a Stateful part (per process when `every_process`: `rng_state_<rank>.pth`
+    with several processes, `process_file`),
     or what shows that a weights/folder part is present. `required`: a resume refuses a checkpoint
     without it. `optimizer_state`: part of the training state that `save_only_model` leaves out and a
     weights-only resume does not read.
     """
 
     file: str
-    kind: str  # "torch" | "json" | "weights" | "folder"
+    kind: str  # "torch" | "json" | "tensors" (safetensors) | "weights" | "folder"
     required: bool = False
     every_process: bool = False
     optimizer_state: bool = False
@@ -51,11 +53,12 @@ class PartSpec:
     @property
     def stateful(self) -> bool:
         """Whether the part is a state dict in one file (else it saves and loads itself)."""
-        return self.kind in ("torch", "json")
+        return self.kind in ("torch", "json", "tensors")
 
 
 # Restoring loads parts in this order: weights and optimizer before the schedule that drives it, the
-# trainer state before the data position that may be rebuilt from its global_step, RNG state last.
+# trainer state before the data position that may be rebuilt from its global_step (and the batch in
+# hand, kept only where that position is), RNG state last.
 PARTS: dict[str, PartSpec] = {
     "model": PartSpec(WEIGHTS_NAME, "weights", required=True),
     "base_model": PartSpec(BASE_MODEL_NAME, "json"),  # a PEFT model's: the base its adapters were trained on
@@ -66,8 +69,19 @@ PARTS: dict[str, PartSpec] = {
     "scaler": PartSpec(SCALER_NAME, "torch", optimizer_state=True),
     "trainer_state": PartSpec(TRAINER_STATE_NAME, "json", required=True),
     "data_state": PartSpec(DATA_STATE_NAME, "json"),
+    # the training batch fetched ahead of the next step (data/look_ahead.py), where it can be stored
+    "batch_in_hand": PartSpec(BATCH_IN_HAND_NAME, "tensors", every_process=True, optimizer_state=True),
     "rng": PartSpec(RNG_STATE_NAME, "torch", every_process=True, optimizer_state=True),
 }
+
+
+def process_file(folder: str, row: PartSpec, rank: int, world_size: int) -> str:
+    """The file of part `row` in `folder` for process `rank`: its name with several processes as
+    `<stem>_<rank><suffix>` where every process writes its own (`rng_state_1.pth`), else its name."""
+    if not row.every_process or world_size <= 1:
+        return os.path.join(folder, row.file)
+    stem, suffix = os.path.splitext(row.file)
+    return os.path.join(folder, f"{stem}_{rank}{suffix}")
 
 
 def spec(name: str) -> PartSpec:

@@ -5,10 +5,10 @@ where each name is stored is the row of `layout.PARTS`, as torchtitan's `Checkpo
 does for its states, or the file a part declares itself (`checkpoint_file`: a user's part, e.g. a
 callback holding an EMA of the weights, never touches the library's table):
 
-* a **Stateful** part (`state_dict()` / `load_state_dict()`) of a "torch" or "json" row is written
-  from its state dict: `optimizer.pt`, `scheduler.pt`, `scaler.pt` (`torch.save`, read back
+* a **Stateful** part (`state_dict()` / `load_state_dict()`) of a "torch", "json" or "tensors" row is
+  written from its state dict: `optimizer.pt`, `scheduler.pt`, `scaler.pt` (`torch.save`, read back
   weights-only), `rng_state.pth` / `rng_state_<rank>.pth` (every process its own), `data_state.json`,
-  `trainer_state.json`;
+  `trainer_state.json`, `batch_in_hand.safetensors` (safetensors);
 * a **FolderPart** (`save(folder)` / `load(folder)`) writes files of its own format: the model's
   weights (safetensors / `save_pretrained`), FSDP's DCP folders, DeepSpeed's engine checkpoint. It is
   called on every process and decides itself who writes.
@@ -29,10 +29,17 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from trainwright.checkpoint.files import read_json, safe_torch_load, save_torch_state, write_json
+from trainwright.checkpoint.files import (
+    load_tensors_state,
+    read_json,
+    safe_torch_load,
+    save_tensors_state,
+    save_torch_state,
+    write_json,
+)
 from trainwright.checkpoint.folder import rotate_checkpoints, write_checkpoint
-from trainwright.checkpoint.layout import PARTS, PartSpec, declared_spec, spec
-from trainwright.checkpoint.rng import load_rng_state, rng_state_file
+from trainwright.checkpoint.layout import PARTS, PartSpec, declared_spec, process_file, spec
+from trainwright.checkpoint.rng import load_rng_state
 
 
 @runtime_checkable
@@ -92,10 +99,7 @@ class CheckpointManager:
 
     def path(self, folder: str, name: str) -> str:
         """The file of part `name` in a checkpoint folder (this process's, for per-process files)."""
-        row = self.row(name)
-        if row.every_process:
-            return rng_state_file(folder, self.runtime.rank, self.runtime.world_size)
-        return os.path.join(folder, row.file)
+        return process_file(folder, self.row(name), self.runtime.rank, self.runtime.world_size)
 
     def has(self, folder: str, name: str) -> bool:
         return os.path.exists(self.path(folder, name))
@@ -143,17 +147,21 @@ class CheckpointManager:
 
     def write_state(self, folder: str, name: str, state: Any) -> None:
         """One Stateful part's file from its state dict (the writer thread calls it too)."""
-        path = self.path(folder, name)
-        if self.row(name).kind == "json":
+        path, kind = self.path(folder, name), self.row(name).kind
+        if kind == "json":
             write_json(path, state)
+        elif kind == "tensors":
+            save_tensors_state(state, path)
         else:
             save_torch_state(state, path)
 
     # -- reading ---------------------------------------------------------------------------------
     def read(self, folder: str, name: str) -> Any:
         """The saved state of Stateful part `name` (a `CheckpointError` names a missing or damaged file)."""
-        path = self.path(folder, name)
-        return read_json(path) if self.row(name).kind == "json" else safe_torch_load(path)
+        path, kind = self.path(folder, name), self.row(name).kind
+        if kind == "tensors":
+            return load_tensors_state(path)
+        return read_json(path) if kind == "json" else safe_torch_load(path)
 
     def load(self, folder: str, parts: Mapping[str, Any]) -> None:
         """Put each part's saved state back: every part's `check(saved, folder)` first, then each

@@ -18,8 +18,9 @@ Public API (re-exported by `trainwright.checkpoint`):
   missing; a damaged or unsafe file is an error naming it).
 * `RngState`: the same as a checkpoint part (`state_dict` / `load_state_dict`).
 * `LOOK_AHEAD`: the key under which a checkpoint's RNG file also holds the state from before the
-  training loader's batch in hand was fetched (a loader that fetches one ahead, as accelerate's),
-  in the same layout; transformers' `_load_rng_state` reads only its own keys.
+  training batch in hand was fetched (the loop fetches one ahead, as accelerate's loader), where
+  that batch cannot be stored itself (`data/look_ahead.py`), in the same layout; transformers'
+  `_load_rng_state` reads only its own keys.
 * `saved_look_ahead(directory, rank, world_size)`: that entry, or None.
 """
 

@@ -29,7 +29,7 @@ from trainwright.checkpoint.files import (
     read_json,
     torch_file_problem,
 )
-from trainwright.checkpoint.layout import PARTS, PartSpec
+from trainwright.checkpoint.layout import PARTS, PartSpec, process_file
 from trainwright.checkpoint.manifest import (  # noqa: F401  (CHECKSUM_ALGORITHM, file_checksum: re-exported)
     CHECKSUM_ALGORITHM,
     ManifestError,
@@ -37,7 +37,6 @@ from trainwright.checkpoint.manifest import (  # noqa: F401  (CHECKSUM_ALGORITHM
     manifest_problems,
     read_manifest,
 )
-from trainwright.checkpoint.rng import rng_state_file
 from trainwright.checkpoint.state_checks import STATE_FILE_CHECKS, TF_STATE_FILE_CHECKS
 from trainwright.checkpoint.weights import safetensors_problem
 
@@ -183,9 +182,11 @@ def check_checkpoint_files(
 def _part_problems(path: str, row: PartSpec, rank: int, world_size: int) -> list[str]:
     if row.kind == "weights":
         return _weights_problems(path) or _shard_problems(path) + _adapter_file_problems(path)
-    file = rng_state_file(path, rank, world_size) if row.every_process else os.path.join(path, row.file)
+    file = process_file(path, row, rank, world_size)
     if row.kind == "torch":
         return [p for p in [torch_file_problem(file)] if p]
+    if row.kind == "tensors":
+        return [p for p in [safetensors_problem(file)] if p]
     if row.kind == "json":
         try:
             state = read_json(file)

@@ -385,7 +385,8 @@ class _RankView:
 class DispatchingLoader:
     """accelerate's `DataLoaderDispatcher`: process 0 iterates `base` (whole global batches), sends
     each batch to every process, and each yields its slice. `real_rows_in_batch` is, for the batch
-    just yielded, how many of its rows are not repeats completing the last batch (None: all)."""
+    just yielded (to the look-ahead's consumer, where one fetches them: `fetch_as_asked`), how many
+    of its rows are not repeats completing the last batch (None: all)."""
 
     deals_whole_batches = True  # each process's batch is a contiguous slice of a global batch
 
@@ -401,8 +402,9 @@ class DispatchingLoader:
             if hasattr(sampler, "set_start")
             else None
         )
-        self.real_rows_in_batch: int | None = None
-        self.real_rows_in_step: int | None = None  # of the global batch (its rows before the repeats)
+        self._fetched = 0  # batches handed over in this iteration
+        self._completed: tuple[int, int, int] | None = None  # the last batch: (index, real rows, global rows)
+        self._consumer: Any = None  # the look-ahead that holds the batches (`look_ahead.LookAhead`)
 
     def set_epoch(self, epoch: int) -> None:
         if callable(getattr(self.base, "set_epoch", None)):
@@ -418,10 +420,34 @@ class DispatchingLoader:
             batch = next(iterator, None)
         return self.runtime.broadcast_object(batch)
 
+    def _facts(self) -> tuple[int, int, int] | None:
+        """The completed last batch's facts, while it is the batch just yielded."""
+        completed, consumer = self._completed, self._consumer
+        index = consumer.position(self._fetched) if consumer is not None else self._fetched - 1
+        return completed if completed is not None and completed[0] == index else None
+
+    @property
+    def real_rows_in_batch(self) -> int | None:
+        facts = self._facts()
+        return None if facts is None else facts[1]
+
+    @property
+    def real_rows_in_step(self) -> int | None:
+        """Of the global batch just yielded, its rows before the repeats (None: no repeats)."""
+        facts = self._facts()
+        return None if facts is None else facts[2]
+
     def __iter__(self) -> Iterator[Any]:
-        # Process 0 reads one global batch per step and no further: its dataset's state (what a
+        return self.fetch_as_asked(None)
+
+    def fetch_as_asked(self, consumer: Any = None) -> Iterator[Any]:
+        """The slices, each global batch read when asked for; `consumer`: the look-ahead holding them."""
+        self._consumer, self._fetched, self._completed = consumer, 0, None
+        return self._slices(iter(self.base) if self.reader else None)  # started now, as torch's loader
+
+    def _slices(self, iterator: Iterator[Any] | None) -> Iterator[Any]:
+        # Process 0 reads one global batch per batch asked for: its dataset's state (what a
         # checkpoint keeps of an iterable dataset) is then exactly the batches handed out.
-        iterator = iter(self.base) if self.reader else None
         first = None
         while (batch := self._fetch(iterator)) is not None:
             first = batch if first is None else first
@@ -431,11 +457,12 @@ class DispatchingLoader:
                     "accelerator_config dispatch_batches: a batch with no tensor cannot be split between "
                     f"processes (got a {type(batch).__name__}); collate samples into tensors"
                 )
-            per, real = -(-rows // self.world), None
+            per = -(-rows // self.world)
             if rows % self.world:  # the last global batch: complete it with the first one's samples
                 while batch_rows(batch) < per * self.world:
                     batch = concat_batches(batch, slice_batch(first, slice(0, self.world)))
-                real = min(max(rows - self.rank * per, 0), per)
-            self.real_rows_in_batch, self.real_rows_in_step = real, None if real is None else rows
+                self._completed = (self._fetched, min(max(rows - self.rank * per, 0), per), rows)
+            self._fetched += 1
             yield slice_batch(batch, slice(self.rank * per, (self.rank + 1) * per))
-        self.real_rows_in_batch = self.real_rows_in_step = None
+        if self._consumer is None:
+            self._completed = None  # the iteration is over: no batch of it is current any more

@@ -320,15 +320,22 @@ def load_iterable_resume_state(dataset: Any, state: Mapping[str, Any]) -> None:
     dataset.load_state_dict(state)
 
 
-def iterate_epoch(dataloader: Iterable[Any], from_start: bool) -> Iterator[Any]:
-    """An iterator over the loader; `from_start=False` when it continues a resumed epoch (an
-    `EpochSeededDataLoader` then does not draw its start's value from the global RNG again)."""
+def iterate_epoch(dataloader: Iterable[Any], from_start: bool, consumer: Any = None) -> Iterator[Any]:
+    """An iterator over the loader's batches, fetched as they are asked for; `from_start=False` when
+    it continues a resumed epoch (an `EpochSeededDataLoader` then does not draw its start's value
+    from the global RNG again). A loader that looks ahead itself when iterated (a prepared one) gives
+    its batches as asked, for `consumer` (a `look_ahead.LookAhead`) to fetch them one ahead."""
     if isinstance(dataloader, EpochSeededDataLoader):
         return dataloader.iterate(from_start=from_start)
+    as_asked = getattr(dataloader, "fetch_as_asked", None)
+    if callable(as_asked):
+        return as_asked(consumer)
     return iter(dataloader)
 
 
-def skip_iterable(dataloader_or_iterable: Iterable[Any], num_batches: int) -> Iterator[Any]:
+def skip_iterable(
+    dataloader_or_iterable: Iterable[Any], num_batches: int, consumer: Any = None
+) -> Iterator[Any]:
     """Iterator over what is left after ``num_batches`` batches, for data without a sampler.
 
     Prefer restoring the dataset's own state (:func:`iterable_resume_state`), which skips nothing.
@@ -336,7 +343,7 @@ def skip_iterable(dataloader_or_iterable: Iterable[Any], num_batches: int) -> It
     """
     if num_batches < 0:
         raise ValueError(f"skip_iterable: num_batches must be >= 0, got {num_batches}.")
-    iterator = iterate_epoch(dataloader_or_iterable, from_start=num_batches == 0)
+    iterator = iterate_epoch(dataloader_or_iterable, from_start=num_batches == 0, consumer=consumer)
     if num_batches:
         warnings.warn(
             f"Skipping {num_batches} batches by iterating over them: the data has no sampler to start "

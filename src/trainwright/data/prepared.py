@@ -15,30 +15,26 @@ evaluation loaders so): this process's batches on its device.
 - `set_epoch` reaches the seedable sampler and the batch sampler; each iteration sets the
   sampler's epoch to the loader's iteration count, as accelerate's `DataLoaderShard` does.
 
-Batches are fetched one ahead, as accelerate's loader fetches them (a collator's random draws in
-a transformers run's order); a checkpoint keeps the RNG state from before the batch in hand was
-fetched (`look_ahead_rng`, in `rng_state.pth`), and a resumed epoch (`continue_epoch`) skips its
-batches by loading them and fetches that batch again from it, without moving the checkpoint's
-RNG state. Dispatched (iterable) loaders fetch as they are asked.
+Iterated (`iter`), batches are fetched one ahead, as accelerate's loader fetches them (a collator's
+random draws in a transformers run's order), by `look_ahead.fetched_ahead`. trainwright's training
+and evaluation loops take its batches as asked (`fetch_as_asked`) and fetch them one ahead
+themselves (the one look-ahead, which a checkpoint keeps the batch in hand of); `real_rows_in_batch`
+/ `_in_step` are then of the batch the loop holds.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
-from trainwright.checkpoint.rng import capture_rng_state, restore_rng_state
 from trainwright.data.distribute import BatchShard, DataDealing, DispatchingLoader, to_device
 from trainwright.data.kinds import is_iterable_dataset
-from trainwright.data.loaders import EpochSeededDataLoader, skip_iterable
-
-logger = logging.getLogger(__name__)
-_END, _LAZY = object(), object()  # the loader is exhausted; the next batch is not fetched yet
+from trainwright.data.loaders import EpochSeededDataLoader
+from trainwright.data.look_ahead import fetched_ahead
 
 
 class EpochRandomSampler(RandomSampler):
@@ -107,16 +103,13 @@ class PreparedLoader:
         sampler: Any = None,
         synced: torch.Generator | None = None,
         runtime: Any = None,
-        look_ahead: bool = True,
     ) -> None:
         self.loader, self.device, self.non_blocking = loader, device, non_blocking
         self.shard, self._sampler, self._synced, self._runtime = shard, sampler, synced, runtime
         self.deals_whole_batches = shard is not None or bool(getattr(loader, "deals_whole_batches", False))
         self.iteration = 0  # accelerate's: the epoch an iteration gives the sampler
-        self._yielded = 0
-        self.look_ahead = look_ahead
-        self.look_ahead_rng: dict[str, Any] | None = None  # before the batch in hand was fetched
-        self._continue_rng: dict[str, Any] | None = None  # a checkpoint's, for the resumed epoch
+        self._yielded = 0  # batches handed over in this iteration
+        self._consumer: Any = None  # the look-ahead that holds them (`look_ahead.LookAhead`)
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch, to the sampler and the batch sampler (as transformers' loop sets it on them)."""
@@ -127,83 +120,49 @@ class PreparedLoader:
         if callable(getattr(self.loader, "set_epoch", None)):  # a dispatching loader: its dataset
             self.loader.set_epoch(epoch)
 
-    def continue_from(self, look_ahead_rng: dict[str, Any] | None) -> None:
-        """A checkpoint's `look_ahead_rng` (None: it had no batch in hand): the resumed epoch fetches
-        its first batch from it."""
-        self._continue_rng = look_ahead_rng
-
     def __iter__(self) -> Iterator[Any]:
-        sampler: Any = getattr(self.loader, "sampler", None)
-        if callable(getattr(sampler, "set_start", None)) and sampler.start:
-            return self.continue_epoch(0)  # trainwright's sampler, started mid-epoch by a resume
-        self._continue_rng = None
-        return self._batches(None, _END)
+        return fetched_ahead(self)
 
-    def continue_epoch(self, skip: int) -> Iterator[Any]:
-        """A resumed epoch: `skip` batches read and dropped first (a sampler that cannot start
-        mid-epoch), then the checkpoint's batch in hand fetched from its RNG state; neither the
-        iterator's base-seed draw, the skipped batches nor that fetch move the checkpoint's RNG state."""
-        continued, self._continue_rng = self._continue_rng, None
-        if getattr(self.loader, "num_workers", 0):
-            logger.warning(
-                "Resuming mid-epoch with a data loader of trainer.accelerator.prepare that loads in %d "
-                "worker(s), seeded when an epoch's iterator starts: their random numbers (augmentations, "
-                "a collator's draws) are not the interrupted run's, so the resumed run is not bit-exact.",
-                self.loader.num_workers,
-            )
-        self._begin()
-        saved = capture_rng_state()
-        iterator = skip_iterable(self.loader, skip) if skip else iter(self.loader)
-        if continued is not None:
-            restore_rng_state(continued)
-        first = next(iterator, _END) if self.look_ahead else _LAZY
-        restore_rng_state(saved)
-        return self._batches(iterator, first)
+    def place(self, batch: Any) -> Any:
+        """`batch` on this loader's device (a checkpoint's batch in hand, read back on the CPU)."""
+        return batch if self.device is None else to_device(batch, self.device, self.non_blocking)
 
-    def _begin(self) -> None:
-        """An iteration starts: the sampler's epoch, process 0's generator state, no batch yet."""
+    def fetch_as_asked(self, consumer: Any = None) -> Iterator[Any]:
+        """The batches on the device, each fetched when asked for; `consumer` is the look-ahead that
+        fetches them one ahead (the facts of "the batch just yielded" are then of the one it holds)."""
+        # the iteration starts now (a look-ahead calls this at the first batch asked for, as accelerate's
+        # loader starts its iterator; a resumed epoch where the RNG state it draws goes back)
+        self._consumer = consumer
         if callable(getattr(self._sampler, "set_epoch", None)):
             self._sampler.set_epoch(self.iteration)
-        if self._synced is not None and self._runtime is not None:
+        if self._synced is not None and self._runtime is not None:  # process 0's generator state
             self._synced.set_state(self._runtime.broadcast_object(self._synced.get_state()))
         self._yielded = 0
+        inner = getattr(self.loader, "fetch_as_asked", None)
+        return self._batches(inner(consumer) if callable(inner) else iter(self.loader), consumer)
 
-    def _batches(self, iterator: Iterator[Any] | None, current: Any) -> Iterator[Any]:
-        """The batches on the device. With `look_ahead`, each fetched one ahead, as accelerate's
-        `DataLoaderShard` fetches the next batch before it yields one (to know the last): a collator
-        that draws random numbers draws them in a transformers run's order, the next batch's before
-        the step that trains this one. `look_ahead_rng` is the RNG state from before the batch in
-        hand was fetched (None once the epoch's last is in hand), which a checkpoint keeps."""
-        if iterator is None:  # at the first batch asked for, as accelerate's loader starts
-            self._begin()
-            iterator = iter(self.loader)
-            current = next(iterator, _END) if self.look_ahead else _LAZY
+    def _batches(self, iterator: Iterator[Any], consumer: Any) -> Iterator[Any]:
         try:
-            while True:
-                if current is _LAZY:
-                    current = next(iterator, _END)
-                if current is _END:
-                    break
-                following: Any = _LAZY
-                if self.look_ahead:
-                    self.look_ahead_rng = capture_rng_state()
-                    following = next(iterator, _END)
-                    if following is _END:
-                        self.look_ahead_rng = None
+            for batch in iterator:
                 self._yielded += 1
-                yield current if self.device is None else to_device(current, self.device, self.non_blocking)
-                current = following
+                yield batch if self.device is None else to_device(batch, self.device, self.non_blocking)
             self.iteration += 1
         finally:
-            self._yielded = 0  # the iteration is over: no batch of it is current any more
+            if consumer is None:
+                self._yielded = 0  # the iteration is over: no batch of it is current any more
+
+    def _position(self) -> int:
+        """The index of the batch just yielded to the consumer (-1: none)."""
+        consumer = self._consumer
+        return consumer.position(self._yielded) if consumer is not None else self._yielded - 1
 
     @property
     def real_rows_in_step(self) -> int | None:
         """Of the global step just yielded (every process's batch, gathered in rank order), the
         first rows that are real samples (None: all are): `gather_for_metrics` keeps those."""
         if self.shard is not None:
-            rows = self.shard.step_rows
-            return rows[self._yielded - 1] if 0 < self._yielded <= len(rows) else None
+            rows, i = self.shard.step_rows, self._position()
+            return rows[i] if 0 <= i < len(rows) else None
         return getattr(self.loader, "real_rows_in_step", None)
 
     @property
@@ -211,15 +170,15 @@ class PreparedLoader:
         """Of the batch just yielded, the first rows that are real samples where repeats complete
         the epoch's last (None: all are); the evaluation leaves the repeats out."""
         if self.shard is not None:
-            rows = self.shard.real_rows
-            return rows[self._yielded - 1] if 0 < self._yielded <= len(rows) else None
+            rows, i = self.shard.real_rows, self._position()
+            return rows[i] if 0 <= i < len(rows) else None
         return getattr(self.loader, "real_rows_in_batch", None)
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("loader", "look_ahead", "_continue_rng"):
+        if name.startswith("__") or name in ("loader", "_consumer"):
             raise AttributeError(name)
         return getattr(self.loader, name)
 
@@ -240,7 +199,7 @@ def prepare_loader(
     if is_iterable_dataset(loader.dataset):
         if dealing.world == 1:
             return PreparedLoader(loader, device, non_blocking)
-        return PreparedLoader(_dispatched(loader, dealing, runtime), device, non_blocking, look_ahead=False)
+        return PreparedLoader(_dispatched(loader, dealing, runtime), device, non_blocking)
     batches = _batch_sampler(loader)
     sampler, synced = _ordered(batches, dealing, data_seed)
     if dealing.world == 1:

@@ -11,7 +11,9 @@ own `check(saved, folder)` (the manager runs every check before anything is load
 * the engine's: "optimizer" (`OptimizerPart`: refuses another optimizer's state), or "sharded" (DCP
   folders), or "deepspeed";
 * "scheduler" (`SchedulerPart`: the checkpoint's schedule continues), "scaler", "rng" (`RngPart`,
-  restored through the Trainer's `_load_rng_state`);
+  restored through the Trainer's `_load_rng_state`), "batch_in_hand" (`BatchInHand`: the training
+  batch fetched ahead of the next step, where the run can store it; else `RngPart` keeps the RNG
+  state it was fetched from);
 * "data_state" (`DataState`: the cursor, sampler position and loss windows; refuses a changed batch
   geometry), "trainer_state" (`TrainerStateFile`: TrainerState with the stateful callbacks);
 * any callback with a `checkpoint_part` name (a Stateful: `state_dict()` / `load_state_dict()`), e.g.
@@ -38,6 +40,7 @@ from trainwright.core.events import CallbackHandler
 from trainwright.core.modules import is_peft_model
 from trainwright.core.state import ExportableState, LoopCursor, TrainerControl, TrainerState
 from trainwright.data.kinds import fingerprint
+from trainwright.data.look_ahead import batch_from_state
 from trainwright.loop import resume
 from trainwright.loop.run import TrainingRun
 
@@ -99,7 +102,10 @@ def build_parts(
     if with_optimizer:
         if trainer.scaler is not None:
             parts["scaler"] = trainer.scaler
-        parts["rng"] = RngPart(trainer, run)
+        parts["rng"] = RngPart(trainer, run, data_state)
+        ahead = run.look_ahead
+        if restore_from is not None or (ahead.holds() and not ahead.captures):
+            parts["batch_in_hand"] = BatchInHand(run, data_state)
     parts["data_state"] = data_state
     parts["trainer_state"] = TrainerStateFile(trainer)
     for cb in trainer.callback_handler.callbacks:  # callbacks that are checkpoint parts of their own
@@ -270,26 +276,42 @@ class SchedulerPart:
 
 
 class RngPart(RngState):
-    """This process's random generators; restored through the Trainer's `_load_rng_state` hook. With a
-    training loader that fetches one batch ahead (`trainer.accelerator.prepare`'s), also the state from
-    before its batch in hand was fetched (`LOOK_AHEAD`), which the resumed epoch fetches it from."""
+    """This process's random generators; restored through the Trainer's `_load_rng_state` hook. Where
+    the run's batch in hand cannot be stored (`BatchInHand`), also the state from before it was
+    fetched (`LOOK_AHEAD`), which the resumed epoch fetches it again from."""
 
-    def __init__(self, trainer: CheckpointedTrainer, run: TrainingRun) -> None:
-        self.trainer, self.run = trainer, run
+    def __init__(self, trainer: CheckpointedTrainer, run: TrainingRun, data_state: DataState) -> None:
+        self.trainer, self.run, self.data_state = trainer, run, data_state
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        ahead = getattr(self.run.dataloader, "look_ahead_rng", None)
-        if ahead is not None:
-            state[LOOK_AHEAD] = ahead
+        ahead = self.run.look_ahead
+        if ahead.captures and ahead.holds() and ahead.fetched_from is not None:
+            state[LOOK_AHEAD] = ahead.fetched_from
         return state
 
     def load(self, folder: str) -> None:
         self.trainer._load_rng_state(folder)
-        continue_from = getattr(self.run.dataloader, "continue_from", None)
-        if callable(continue_from):
-            runtime = self.trainer.runtime
-            continue_from(saved_look_ahead(folder, runtime.rank, runtime.world_size))
+        runtime = self.trainer.runtime
+        fetched_from = saved_look_ahead(folder, runtime.rank, runtime.world_size)
+        if fetched_from is not None and self.data_state.keeps_batch_in_hand:
+            self.run.look_ahead.resume_with(rng=fetched_from)
+
+
+class BatchInHand:
+    """The training batch fetched ahead of the next step (`data/look_ahead.py`), this process's,
+    weights-only: the resumed epoch yields it first. Kept only where the resume keeps the saved
+    position in the same batches (not with `ignore_data_skip`, another batch size or processes)."""
+
+    def __init__(self, run: TrainingRun, data_state: DataState) -> None:
+        self.run, self.data_state = run, data_state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.run.look_ahead.stored_in_hand()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self.data_state.keeps_batch_in_hand:
+            self.run.look_ahead.resume_with(batch_from_state(state_dict))
 
 
 # ---------------------------------------------------------------------- position and state
@@ -305,6 +327,8 @@ class DataState:
     ) -> None:
         self.trainer, self.run, self.loss_windows = trainer, run, loss_windows
         self.folder = ""
+        # the resume continues the saved position in the same batches: a batch in hand is the next one
+        self.keeps_batch_in_hand = False
         self.absent: LoopCursor | None = None  # the position of a checkpoint without data_state.json
         # the steps of a run sized by epochs, resumed in another batch geometry (`check`): the schedule's
         self.resized_to: int | None = None
@@ -327,7 +351,9 @@ class DataState:
         if hasattr(sampler, "state_dict"):
             out["sampler"] = sampler.state_dict()
         if dataset is not None and callable(getattr(dataset, "state_dict", None)):
-            out["dataset_state"] = dataset.state_dict()
+            ahead = run.look_ahead  # fetched again at a resume: the dataset's state from before that
+            before = ahead.dataset_before if ahead.captures and ahead.holds() else None
+            out["dataset_state"] = before if before is not None else dataset.state_dict()
         return out
 
     def check(self, saved: dict[str, Any] | None, folder: str) -> None:
@@ -406,6 +432,9 @@ class DataState:
         else:
             cursor = self._position(state_dict)
             resume.keep_saved_data_order(args, world_size, run.dataloader, state_dict, self.folder)
+            self.keeps_batch_in_hand = state_dict.get("world_size", 1) == world_size and state_dict.get(
+                "per_device_train_batch_size"
+            ) == getattr(args, "per_device_train_batch_size", None)
         resume.use_own_loss_window(cursor, state_dict, run.runtime)
         run.divergence.load_state_dict(state_dict)
         dataset: Any = getattr(run.dataloader, "dataset", None)

@@ -16,17 +16,20 @@ import torch
 from trainwright import data as data_utils
 from trainwright.data import packing
 from trainwright.data.distribute import same_mapping
+from trainwright.data.look_ahead import fetched_ahead
 from trainwright.modeling.loss import batch_size
 
 
 def real_batches(
     dataloader: Any, should_stop: Callable[[int], None] | None, collective: bool
 ) -> Iterator[tuple[int, Any, int, int]]:
-    """(index, batch, rows, samples) of the loader, cut to its real samples. A batch of only repeats
-    is dropped, unless every process must run the forward (`collective`: a sharded model), where it
-    comes with 0 samples. `should_stop(index)` is called before each batch (it raises to stop)."""
+    """(index, batch, rows, samples) of the loader, cut to its real samples; fetched one ahead, as
+    accelerate's loader fetches them in transformers' evaluation (`look_ahead.fetched_ahead`). A batch
+    of only repeats is dropped, unless every process must run the forward (`collective`: a sharded
+    model), where it comes with 0 samples. `should_stop(index)` is called before each batch (it
+    raises to stop)."""
     counter = _SampleCounter(dataloader)
-    for index, inputs in enumerate(dataloader):
+    for index, inputs in enumerate(fetched_ahead(dataloader)):
         if should_stop is not None:
             should_stop(index)
         rows = batch_size(inputs)

@@ -29,6 +29,7 @@ from torch import nn
 from trainwright import data as data_utils
 from trainwright.checkpoint.rng import capture_rng_state, restore_rng_state
 from trainwright.core.state import LoopCursor, TrainerControl, TrainerState
+from trainwright.data.look_ahead import END, LookAhead
 from trainwright.distributed.engine import Engine
 from trainwright.distributed.engines import build_engine
 from trainwright.distributed.preemption import PreemptionGuard
@@ -90,6 +91,7 @@ class TrainingRun:
         "zero_grad",
         "step_micro_batches",
         "step_position",
+        "look_ahead",
         "_attached",
         "__weakref__",  # the parts that call back into the run (weights, checkpointer) hold it weakly
     )
@@ -154,6 +156,9 @@ class TrainingRun:
         self.zero_grad: Callable[[], None] = _nothing  # the optimizer's, bound in start()
         # the step being taken: its micro-batches, and how many of them advance() has counted
         self.step_micro_batches = self.step_position = 0
+        # the training batches, each fetched one ahead as accelerate's loader fetches them; the batch
+        # in hand is a checkpoint's (stored, or fetched again from its RNG state)
+        self.look_ahead = LookAhead(checkpointed=True)
         self._attached = contextlib.ExitStack()  # plug-ins' hooks on this run's module, off when it ends
 
     # -- set-up --------------------------------------------------------------------------------
@@ -208,12 +213,14 @@ class TrainingRun:
         self.max_steps = state.max_steps = max_steps
 
     def close(self) -> None:
-        """The run is over: its model hooks come off."""
+        """The run is over: its model hooks come off, the batch in hand goes."""
         self._attached.close()
+        self.look_ahead.drop()
 
     # -- one step ------------------------------------------------------------------------------
     def epoch_batches(self, epoch: int) -> Iterator[Any]:
-        """This epoch's batches, starting after those a resumed run already consumed."""
+        """This epoch's batches, each fetched one ahead, starting after those a resumed run already
+        consumed (a checkpoint's batch in hand first: `LookAhead.epoch`)."""
         dataloader = self.dataloader
         sampler: Any = getattr(dataloader, "sampler", None)
         obj: Any
@@ -226,22 +233,15 @@ class TrainingRun:
             if hasattr(obj, "set_epoch"):
                 obj.set_epoch(epoch)
         if self.resumed_loader is not None and self.cursor.batch_in_epoch and not self.iterable_restored:
-            return self._resumed_by_override(dataloader, sampler)
-        if hasattr(sampler, "set_start"):  # seen samples are skipped in the sampler, never loaded
-            sampler.set_start(self.cursor.samples_in_epoch)
-            return iter(dataloader)
-        skip = 0 if self.iterable_restored else self.cursor.batch_in_epoch
-        self.iterable_restored = False
-        if skip and callable(continue_epoch := getattr(dataloader, "continue_epoch", None)):
-            return continue_epoch(skip)  # trainer.accelerator.prepare's loader: it keeps the RNG state itself
-        if skip:
-            # the checkpoint's RNG state is where the step after the skipped batches starts: what
-            # loading them draws (a loader's base seed, a collator's masks) must not move it
-            rng = capture_rng_state()
-            batches = data_utils.skip_iterable(dataloader, skip)
-            restore_rng_state(rng)
-            return batches
-        return data_utils.iterate_epoch(dataloader, from_start=self.cursor.batch_in_epoch == 0)
+            # a subclass's get_resumed_dataloader gives the epoch's rest: the batch in hand comes from it
+            self.look_ahead.forget_resume()
+            batches = self._resumed_by_override(dataloader, sampler)
+            return self.look_ahead.over(lambda: (batches, next(batches, END)))
+        restored, self.iterable_restored = self.iterable_restored, False
+        cursor = self.cursor
+        return self.look_ahead.epoch(
+            dataloader, cursor.batch_in_epoch, cursor.samples_in_epoch, self.geometry, restored
+        )
 
     def _resumed_by_override(self, dataloader: Any, sampler: Any) -> Iterator[Any]:
         """A resumed epoch's batches from the subclass's `get_resumed_dataloader`, given the whole
@@ -407,6 +407,7 @@ class TrainingRun:
         done = cursor.steps_in_epoch > 0 and cursor.batch_in_epoch >= cursor.steps_in_epoch
         if exhausted or control.should_epoch_stop or done:
             cursor.epoch, cursor.batch_in_epoch, cursor.samples_in_epoch = epoch + 1, 0, 0
+            self.look_ahead.drop()  # a batch fetched ahead of a stopped epoch is not the next one
 
     # -- the end -------------------------------------------------------------------------------
     def train_loss(self) -> float:
