@@ -21,7 +21,16 @@ from kit import torchrun as launch
 # the metrics whose value is a time (or trainwright's counted FLOPs against upstream's estimate)
 TIMINGS = ("_runtime", "_per_second", "step_time", "total_flos")
 # what trainwright adds to a checkpoint: its manifest, its data position, its arguments as JSON
-OWN_FILES = {"base_model.json", "checkpoint_complete.json", "data_state.json", "training_args.json"}
+# trainwright's own checkpoint files (the batch fetched ahead of the next step: one per process)
+OWN_FILES = {
+    "base_model.json",
+    "batch_in_hand.safetensors",
+    "batch_in_hand_0.safetensors",
+    "batch_in_hand_1.safetensors",
+    "checkpoint_complete.json",
+    "data_state.json",
+    "training_args.json",
+}
 # PYTHONHASHSEED: a library may order what it builds by a set of strings (GLiNER's label prompts), so
 # both libraries' processes hash strings alike
 ENV = {"HF_HUB_OFFLINE": "1", "CI": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONHASHSEED": "0"}
