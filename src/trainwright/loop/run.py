@@ -110,6 +110,7 @@ class TrainingRun:
         ignore_keys_for_eval: list[str] | None = None,
         count_flops: Callable[[Any], Any] | None = None,
         weights: Callable[[Callable[[], None]], StepWeights],
+        resumed_loader: Callable[[Any, int], Any] | None = None,
     ) -> None:
         self.args, self.runtime, self.device = args, runtime, runtime.device
         # facts of the processes, fixed for the run (read every step: plain attributes, not properties)
@@ -146,7 +147,7 @@ class TrainingRun:
         self.samples_at_start = self.tokens_at_start = self.input_tokens_at_start = 0
         self.iterable_restored = False  # an iterable dataset's own state came back: skip nothing
         # a Trainer subclass's get_resumed_dataloader: it skips a resumed epoch's seen batches
-        self.resumed_loader: Callable[[Any, int], Any] | None = None
+        self.resumed_loader = resumed_loader  # a subclass's get_resumed_dataloader
         self.eval_stops_on_preemption = False  # True while the loop's own evaluation runs
         self.evaluation_pending = False  # a preemption cut the last evaluation short (resume runs it)
         self.divergence = Divergence()  # the first non-finite step, the last checkpoint before it

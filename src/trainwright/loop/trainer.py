@@ -167,9 +167,9 @@ class Trainer(TrainerAPI):
             # an overridden floating_point_ops is called every micro-batch, as upstream
             count_flops=self.floating_point_ops if exact_flops else None,
             weights=self._step_weights,
+            # called where a resumed epoch skips, as upstream
+            resumed_loader=self.get_resumed_dataloader if self._overrides("get_resumed_dataloader") else None,
         )
-        if self._overrides("get_resumed_dataloader"):  # called where a resumed epoch skips, as upstream
-            run.resumed_loader = self.get_resumed_dataloader
         run.checkpointer = Checkpointer(self, run, resume_from=resume_path)
         self.model_wrapped = self._wrap_model(self.model)  # DDP / FSDP2 (DeepSpeed: in start)
         self.model_wrapped, self.optimizer = run.engine.start(self, max_steps, self.model_wrapped)
