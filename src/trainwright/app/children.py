@@ -17,6 +17,8 @@ import os
 import sys
 from typing import Any
 
+from trainwright.core.import_hooks import spec_from_other_finders
+
 PATCH_ENV = "TRAINWRIGHT_PATCH_TRANSFORMERS"
 STARTUP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup")
 
@@ -37,12 +39,8 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name != "transformers":
             return None
-        for finder in [f for f in sys.meta_path if f is not self]:
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if find is not None else None
-            if spec is not None:
-                break
-        else:
+        spec = spec_from_other_finders(self, name, path, target)
+        if spec is None:
             return None
         loader = spec.loader
         if loader is None or not hasattr(loader, "exec_module"):

@@ -30,6 +30,7 @@ import weakref
 from typing import Any
 
 from trainwright.args.training_args import Seq2SeqTrainingArguments, TrainingArguments
+from trainwright.core.import_hooks import spec_from_other_finders
 
 # What `@dataclass` (and `class`) put in a class's namespace: not the subclass's own behaviour.
 _CLASS_MADE = {
@@ -83,12 +84,8 @@ class _RecordOnImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name not in _WATCHED:
             return None
-        for finder in [f for f in sys.meta_path if f is not self]:
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if find is not None else None
-            if spec is not None:
-                break
-        else:
+        spec = spec_from_other_finders(self, name, path, target)
+        if spec is None:
             return None
         exec_module = getattr(spec.loader, "exec_module", None)
         if exec_module is None:
