@@ -64,8 +64,10 @@ STEP_PATH = [
     "loop/trainer.py:Trainer._log_save_evaluate_due",
     "loop/trainer_api.py:TrainerAPI._prepare_inputs",
     "loop/trainer_api.py:TrainerAPI._prepare_input",  # on an accelerator
-    "data/distribute.py:to_device",  # on an accelerator
+    "data/distribute.py:to_device",  # on an accelerator (before core/nested.py)
+    "core/nested.py:to_device",
     "data/distribute.py:map_tensors",  # to_device walks the batch through it
+    "core/nested.py:map_tensors",
     "loop/trainer_api.py:TrainerAPI.compute_loss_context_manager",
     "loop/trainer_api.py:TrainerAPI.autocast_smart_context_manager",
     "loop/trainer_api.py:TrainerAPI._log_save_evaluate_args",
@@ -98,12 +100,12 @@ STEP_PATH = [
 # The evaluation's functions, as issue 31 counts them: the loop (`Evaluation.run` since it became a
 # component; `evaluation_loop` held it before), the hook around it, the batches' cut and one step.
 EVAL_PATH = [
-    "loop/evaluator.py:Evaluation.run",
-    "loop/prediction.py:evaluation_loop",
-    "loop/prediction.py:build_evaluation",
-    "loop/prediction.py:_real_batches",
-    "loop/eval_batches.py:real_batches",
-    "loop/prediction.py:prediction_step",
+    "loop/eval/loop.py:Evaluation.run",
+    "loop/eval/hooks.py:evaluation_loop",
+    "loop/eval/hooks.py:build_evaluation",
+    "loop/eval/hooks.py:_real_batches",
+    "loop/eval/batches.py:real_batches",
+    "loop/eval/hooks.py:prediction_step",
 ]
 # The optional features of issue 31 item 3, by what names each in code: a loop file other than the plug-in
 # table (`loop/plugins.py`) that names one is a file a new add-on of its kind would touch too.

@@ -5,7 +5,6 @@ token-weighted gradient accumulation and honest throughput/MFU figures.
 """
 
 from trainwright import _moved_modules
-from trainwright.app.patch import PatchTooLateError, patch_transformers
 from trainwright.args import foreign as _foreign
 from trainwright.args.parser import HfArgumentParser
 from trainwright.args.training_args import (
@@ -57,6 +56,7 @@ from trainwright.optim.schedules import (
     get_scheduler,
     get_wsd_schedule,
 )
+from trainwright.patch import PatchTooLateError, patch_transformers
 from trainwright.trainer_utils import torch_distributed_zero_first
 
 _moved_modules.install()

@@ -26,7 +26,7 @@ from trainwright.core.enums import (
 )
 from trainwright.core.seed import enable_full_determinism, seed_worker, set_seed
 from trainwright.data import has_length as _has_length
-from trainwright.loop.hpo import default_compute_objective, default_hp_space_optuna
+from trainwright.loop.search.hpo import default_compute_objective, default_hp_space_optuna
 from trainwright.observe.metrics import (
     BestRun,
     EvalLoopOutput,

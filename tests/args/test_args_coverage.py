@@ -28,12 +28,12 @@ _MEMORY = "tests/args/test_args_loop_memory.py"
 _HOOKS = "tests/args/test_args_loop_model_hooks.py"
 _OUTPUTS = "tests/args/test_args_loop_outputs.py"
 _DIST = "tests/distributed/test_distributed.py"
-_HUB = "tests/loop/test_hub.py"
+_HUB = "tests/loop/hub/test_hub.py"
 _OLD_NAMES = f"{_OLD}::test_old_names_map_onto_new_fields_with_a_warning"
 
 BEHAVIOUR_TESTS: dict[str, str] = {
     "sortish_sampler": "tests/loop/test_upstream_contract.py::test_sortish_sampler_is_the_group_by_length_sampler",
-    "ray_scope": "tests/loop/test_hpo_ray.py::test_ray_scope_picks_the_best_trial_by_that_scope",
+    "ray_scope": "tests/loop/search/test_hpo_ray.py::test_ray_scope_picks_the_best_trial_by_that_scope",
     # output and phases
     "output_dir": f"{_FIELDS}::test_resume_from_checkpoint_argument_is_what_train_resumes_from",
     "overwrite_output_dir": f"{_FIELDS}::test_script_only_fields_read_back_and_do_not_change_training",
@@ -44,9 +44,9 @@ BEHAVIOUR_TESTS: dict[str, str] = {
     "parallelism_config": "tests/distributed/test_parallelism.py::test_four_process_layouts_match_one_process",
     # batches and length
     "per_device_train_batch_size": f"{_DIST}::test_ddp_two_processes_match_one_process_with_the_same_global_batch",
-    "per_device_eval_batch_size": "tests/loop/test_trainer_eval.py::test_predictions_of_different_lengths_are_padded",
+    "per_device_eval_batch_size": "tests/loop/eval/test_trainer_eval.py::test_predictions_of_different_lengths_are_padded",
     "gradient_accumulation_steps": "tests/loop/test_trainer_loop.py::test_accumulation_equals_full_batch_with_uneven_tokens",
-    "eval_accumulation_steps": "tests/loop/test_trainer_eval.py::test_predictions_of_different_lengths_are_padded",
+    "eval_accumulation_steps": "tests/loop/eval/test_trainer_eval.py::test_predictions_of_different_lengths_are_padded",
     "auto_find_batch_size": f"{_MEMORY}::test_auto_find_batch_size_shrinks_records_and_resumes_with_the_found_size",
     "num_train_epochs": "tests/loop/test_trainer_loop.py::test_fractional_epochs_and_state_epoch",
     "max_steps": "tests/callbacks/test_callbacks_core.py::test_stop_at_max_steps_mid_epoch",
@@ -107,13 +107,13 @@ BEHAVIOUR_TESTS: dict[str, str] = {
     "eval_steps": "tests/callbacks/test_callbacks_core.py::test_eval_steps_with_delay_and_final_step_eval",
     "eval_delay": "tests/callbacks/test_callbacks_core.py::test_eval_steps_with_delay_and_final_step_eval",
     "eval_on_start": f"{_FIELDS}::test_eval_on_start_evaluates_before_the_first_step",
-    "prediction_loss_only": "tests/loop/test_trainer_eval.py::test_eval_during_training_and_prediction_loss_only",
+    "prediction_loss_only": "tests/loop/eval/test_trainer_eval.py::test_eval_during_training_and_prediction_loss_only",
     "eval_do_concat_batches": f"{_FIELDS}::test_eval_do_concat_batches_false_returns_the_batches",
     "eval_use_gather_object": "tests/args/test_accelerator_config.py::"
     "test_sync_each_batch_num_steps_eval_use_gather_object_find_unused_with_two_processes",
     "include_for_metrics": f"{_FIELDS}::test_include_for_metrics_passes_inputs_and_losses_to_compute_metrics",
-    "batch_eval_metrics": "tests/loop/test_trainer_eval.py::test_preprocess_logits_and_batch_eval_metrics",
-    "label_names": "tests/loop/test_trainer_eval.py::test_predict_outputs_and_labels",
+    "batch_eval_metrics": "tests/loop/eval/test_trainer_eval.py::test_preprocess_logits_and_batch_eval_metrics",
+    "label_names": "tests/loop/eval/test_trainer_eval.py::test_predict_outputs_and_labels",
     "past_index": f"{_OUTPUTS}::test_past_index_feeds_outputs_back_as_mems_and_resets",
     # checkpoints
     "save_strategy": "tests/callbacks/test_callbacks_core.py::test_save_steps_and_save_at_end",

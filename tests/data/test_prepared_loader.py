@@ -17,7 +17,7 @@ from trainwright import Trainer, TrainingArguments
 from trainwright.args.accelerator_config import AcceleratorConfig
 from trainwright.data.distribute import BatchShard
 from trainwright.data.prepared import prepare_loader
-from trainwright.loop.accelerator_facade import RuntimeAccelerator
+from trainwright.distributed.accelerator import RuntimeAccelerator
 from trainwright.loop.trainer_setup import _check_same_batches
 
 accelerate_data = pytest.importorskip("accelerate.data_loader")

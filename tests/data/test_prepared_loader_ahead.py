@@ -128,6 +128,6 @@ def test_a_resume_whose_workers_cannot_draw_as_before_says_so(tmp_path, caplog):
     whole = trainer(trainwright, str(tmp_path / "whole"), workers=1)
     whole.train()
     resumed = trainer(trainwright, str(tmp_path / "resumed"), workers=1)
-    with caplog.at_level("WARNING", logger="trainwright.loop.accelerator_facade"):
+    with caplog.at_level("WARNING", logger="trainwright.distributed.accelerator"):
         resumed.train(resume_from_checkpoint=os.path.join(whole.args.output_dir, "checkpoint-2"))
     assert "1 worker(s)" in caplog.text and "not bit-exact" in caplog.text

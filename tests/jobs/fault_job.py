@@ -109,7 +109,7 @@ def _no_folder_flock() -> None:
     import fcntl
     import stat
 
-    from trainwright.distributed import output_lock
+    from trainwright.core import output_lock
 
     real = fcntl.flock
 

@@ -29,8 +29,8 @@ import trainwright.checkpoint as ckpt
 from trainwright import TrainerCallback, TrainingArguments
 from trainwright.checkpoint import files as checkpoint_io
 from trainwright.checkpoint import folder, weights
-from trainwright.distributed import output_lock
-from trainwright.distributed.output_lock import RECORD_ATTR, OutputDirError, OutputDirInUseError
+from trainwright.core import output_lock
+from trainwright.core.output_lock import RECORD_ATTR, OutputDirError, OutputDirInUseError
 
 # ----------------------------------------------------------------------------------------- helpers
 

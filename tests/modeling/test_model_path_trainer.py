@@ -271,7 +271,7 @@ def test_padding_free_refuses_ids_that_are_not_integers_naming_sample_and_key(id
 
 
 def test_evaluation_cuts_repeated_samples_from_a_packed_row(tokenizer):
-    from trainwright.loop.eval_batches import take_rows
+    from trainwright.loop.eval.batches import take_rows
 
     features = lm_data(tokenizer, 3)
     row = PaddingFreeCollator(flash_attn_kwargs=True)(features)

@@ -46,7 +46,7 @@ def test_the_step_path_keeps_its_branch_points():
 
 
 def test_the_evaluation_loop_stays_small():
-    lines, points = _size("loop/evaluator.py:Evaluation.run")
+    lines, points = _size("loop/eval/loop.py:Evaluation.run")
     assert lines <= 30 and points <= 10, (lines, points)
 
 

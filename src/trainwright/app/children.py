@@ -51,7 +51,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
             exec_module(module)
             if self in sys.meta_path:
                 sys.meta_path.remove(self)
-            from trainwright.app.patch import patch_transformers
+            from trainwright.patch import patch_transformers
 
             patch_transformers()
 
@@ -64,7 +64,7 @@ def at_startup() -> None:
     if os.environ.get(PATCH_ENV) != "1":
         return
     if "transformers" in sys.modules:  # imported already (by another site hook): patch now
-        from trainwright.app.patch import patch_transformers
+        from trainwright.patch import patch_transformers
 
         patch_transformers()
     elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):

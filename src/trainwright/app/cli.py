@@ -83,7 +83,7 @@ def is_user_error(exc: BaseException) -> bool:
     if isinstance(exc, USER_ERRORS):
         return True
     from trainwright.checkpoint.files import CheckpointError
-    from trainwright.distributed.output_lock import OutputDirError
+    from trainwright.core.output_lock import OutputDirError
 
     return isinstance(exc, (CheckpointError, OutputDirError))
 

@@ -70,7 +70,7 @@ def _run(start: Callable[[], Callable[[], Any]]) -> int:
         print(f"trainwright run: error: {e}", file=sys.stderr)
         return 1
     from trainwright.app.children import reach_children
-    from trainwright.app.patch import patch_transformers
+    from trainwright.patch import patch_transformers
 
     patch_transformers()
     reach_children()  # the processes the script starts (a launcher, a spawned worker) patch too

@@ -3,7 +3,7 @@
 transformers 5 adds a `JITCheckpointCallback` (with a `CheckpointManager` as `jit_manager`) to the
 Trainer's callbacks when `enable_jit_checkpoint=True`, and code finds JIT checkpointing by looking
 for that callback. trainwright's save on preemption signals is done by the loop itself
-(`distributed/preemption.py`: finish the step, save, exit 0; on by default); this callback is its
+(`core/preemption.py`: finish the step, save, exit 0; on by default); this callback is its
 handle under upstream's name, added in the same case (`enable_jit_checkpoint=True`, signals
 handled). It runs on no event: what it reports is the loop's. Removing it does not turn the save
 off: `enable_jit_checkpoint=False` or `preemption_signals=[]` does.

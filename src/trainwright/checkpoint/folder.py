@@ -47,7 +47,7 @@ from trainwright.checkpoint.files import (
 )
 from trainwright.checkpoint.manifest import file_checksum, manifest_for
 from trainwright.checkpoint.verify import verify_checkpoint
-from trainwright.distributed.output_lock import moved_since_locked
+from trainwright.core.output_lock import moved_since_locked
 
 # `.{name}.tmp-<token>`: being written; `.{name}.old-<token>`: a checkpoint being replaced by a new save
 # of the same name; `.{name}.trash-<token>`: being deleted by rotation.

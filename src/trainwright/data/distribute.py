@@ -30,6 +30,7 @@ from typing import Any, cast
 import torch
 from torch.utils.data import IterableDataset
 
+from trainwright.core.nested import concat_batches, slice_batch
 from trainwright.data.kinds import is_iterable_dataset
 
 
@@ -308,48 +309,6 @@ def batch_rows(batch: Any) -> int:
         if rows >= 0:
             return rows
     return -1
-
-
-def same_mapping(original: Mapping, items: dict) -> Mapping:
-    """`items` as the mapping type of `original` (BatchEncoding, UserDict, ...), else a dict."""
-    mapping_type: Any = type(original)  # a Mapping subclass, tried as a constructor from a dict
-    try:
-        return mapping_type(items)
-    except (TypeError, ValueError):
-        return items
-
-
-def map_tensors(fn: Any, data: Any) -> Any:
-    """`data` with `fn` applied to every tensor in it, through mappings (their type kept), lists and
-    tuples; other values are kept."""
-    if isinstance(data, torch.Tensor):
-        return fn(data)
-    if isinstance(data, Mapping):
-        return same_mapping(data, {k: map_tensors(fn, v) for k, v in data.items()})
-    if isinstance(data, (list, tuple)):
-        return type(data)(map_tensors(fn, v) for v in data)
-    return data
-
-
-def to_device(data: Any, device: torch.device, non_blocking: bool = False) -> Any:
-    """`data` on `device`: the tensors in it, through mappings (their type kept), lists and tuples."""
-    return map_tensors(lambda t: t.to(device, non_blocking=non_blocking), data)
-
-
-def slice_batch(batch: Any, rows: slice) -> Any:
-    """`rows` of every tensor in the batch (as accelerate's `slice_tensors`: other values are kept)."""
-    return map_tensors(lambda t: t[rows] if t.dim() else t, batch)
-
-
-def concat_batches(first: Any, second: Any) -> Any:
-    """Two batches of the same structure, one after the other (tensors concatenated on dim 0)."""
-    if isinstance(first, torch.Tensor):
-        return torch.cat([first, second]) if first.dim() else first
-    if isinstance(first, Mapping):
-        return same_mapping(first, {k: concat_batches(v, second[k]) for k, v in first.items()})
-    if isinstance(first, (list, tuple)):
-        return type(first)(concat_batches(a, b) for a, b in zip(first, second))
-    return first
 
 
 class _RankView:

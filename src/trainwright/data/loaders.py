@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from trainwright.core.preemption import shield_worker
 from trainwright.data.kinds import is_iterable_dataset
-from trainwright.distributed.preemption import shield_worker
 
 
 def _derive_seed(*parts: int | str) -> int:

@@ -31,7 +31,8 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
-from trainwright.data.distribute import BatchShard, DataDealing, DispatchingLoader, to_device
+from trainwright.core.nested import to_device
+from trainwright.data.distribute import BatchShard, DataDealing, DispatchingLoader
 from trainwright.data.kinds import is_iterable_dataset
 from trainwright.data.loaders import EpochSeededDataLoader
 from trainwright.data.look_ahead import fetched_ahead

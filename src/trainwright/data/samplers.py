@@ -27,7 +27,7 @@ class ResumableSampler(Sampler[int]):
     With ``num_replicas > 1`` it shards like ``DistributedSampler``: the epoch's order is padded
     (by repeating from its start) to a multiple of ``num_replicas`` unless ``drop_last`` (which
     cuts the tail instead), and rank ``r`` takes positions ``r::num_replicas``. Padded duplicates
-    are the last sample of the last ``num_padding`` ranks; :func:`trainwright.loop.evaluation.interleave_shards` turns
+    are the last sample of the last ``num_padding`` ranks; :func:`trainwright.loop.eval.gather.interleave_shards` turns
     gathered per-rank results back into dataset order so they can be trimmed.
 
     ``block`` (accelerate's ``split_batches``): the order is dealt in blocks of ``block`` positions

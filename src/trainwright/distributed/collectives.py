@@ -1,27 +1,18 @@
 """accelerate's collective helpers over trainwright's runtime, for nested data: gather, gather of
 Python objects, reduce, padding to the longest process, splitting inputs between processes, and the
-float32 copy of half-precision outputs. `trainer.accelerator` answers with these; each has the
+float32 copy of half-precision outputs (of a value, or of a model's forward while in `float32_outputs`). `trainer.accelerator` answers with these; each has the
 meaning of accelerate's function of the same name."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
+from torch import nn
 
-from trainwright.data.distribute import map_tensors
-
-
-def holds_tensors(data: Any) -> bool:
-    """Whether `data` is a tensor or a mapping / list / tuple whose leaves are all tensors."""
-    if isinstance(data, torch.Tensor):
-        return True
-    if isinstance(data, Mapping):
-        return bool(data) and all(holds_tensors(v) for v in data.values())
-    if isinstance(data, (list, tuple)):
-        return bool(data) and all(holds_tensors(v) for v in data)
-    return False
+from trainwright.core.nested import map_tensors
 
 
 def gather(runtime: Any, data: Any) -> Any:
@@ -105,3 +96,17 @@ def split_between_processes(runtime: Any, inputs: Any, apply_padding: bool = Fal
 def to_float32(data: Any) -> Any:
     """`data` with its float16 / bfloat16 tensors as float32 (accelerate's `convert_outputs_to_fp32`)."""
     return map_tensors(lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t, data)
+
+
+@contextlib.contextmanager
+def float32_outputs(model: nn.Module) -> Iterator[None]:
+    """While in it, `model`'s float16 / bfloat16 outputs come back as float32 (a forward hook)."""
+    handle = model.register_forward_hook(_to_float32_hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _to_float32_hook(module: nn.Module, args: Any, output: Any) -> Any:
+    return to_float32(output)

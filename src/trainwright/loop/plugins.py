@@ -24,7 +24,7 @@ from trainwright.callbacks.jit_checkpoint import jit_checkpoint_callbacks
 from trainwright.core.enums import DebugOption
 from trainwright.core.events import TrainerCallback
 from trainwright.core.runtime import Runtime
-from trainwright.distributed.collectives import to_float32
+from trainwright.distributed.collectives import float32_outputs
 from trainwright.distributed.device_cache import EmptyCacheEvery
 from trainwright.modeling import debug_underflow, lean_activations, liger, neftune
 from trainwright.modeling.past_state import PastState, PastStateCallback
@@ -146,20 +146,6 @@ class Float32Outputs(PlugIn):
 
     def around_train(self, model: nn.Module) -> AbstractContextManager[Any]:
         return float32_outputs(model)
-
-
-@contextlib.contextmanager
-def float32_outputs(model: nn.Module) -> Iterator[None]:
-    """While in it, `model`'s float16 / bfloat16 outputs come back as float32 (a forward hook)."""
-    handle = model.register_forward_hook(_to_float32_hook)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
-def _to_float32_hook(module: nn.Module, args: Any, output: Any) -> Any:
-    return to_float32(output)
 
 
 # In this order: callbacks join the Trainer's in it; contexts are entered in it (left in reverse).

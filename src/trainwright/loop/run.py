@@ -28,11 +28,11 @@ from torch import nn
 
 from trainwright import data as data_utils
 from trainwright.checkpoint.rng import capture_rng_state, restore_rng_state
+from trainwright.core.preemption import PreemptionGuard
 from trainwright.core.state import LoopCursor, TrainerControl, TrainerState
 from trainwright.data.look_ahead import END, LookAhead
 from trainwright.distributed.engine import Engine
 from trainwright.distributed.engines import build_engine
-from trainwright.distributed.preemption import PreemptionGuard
 from trainwright.loop import plugins
 from trainwright.loop.divergence import Divergence
 from trainwright.loop.plugins import PlugIn

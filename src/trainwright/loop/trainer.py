@@ -21,13 +21,15 @@ from torch import nn
 from trainwright.args.training_args import TrainingArguments
 from trainwright.checkpoint.rng import capture_rng_state, restore_rng_state
 from trainwright.checkpoint.weights import check_load_result
+from trainwright.core.output_lock import claim_output_dir
 from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import TrainerState
 from trainwright.distributed.engine import load_weights
-from trainwright.distributed.output_lock import claim_output_dir
-from trainwright.loop import batch_size_finder, hub, plugins, prediction, resume
+from trainwright.loop import batch_size_finder, plugins, resume
 from trainwright.loop.checkpoint_parts import callback_states, write_model
 from trainwright.loop.checkpointer import Checkpointer, load_rng_state, run_dir
+from trainwright.loop.eval import hooks as prediction
+from trainwright.loop.hub import push as hub
 from trainwright.loop.run import TrainingRun
 from trainwright.loop.trainer_api import TrainerAPI
 from trainwright.loop.trainer_setup import enable_activation_checkpointing

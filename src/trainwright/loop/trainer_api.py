@@ -24,10 +24,12 @@ from trainwright import data as data_utils
 from trainwright.args.accelerator_config import AcceleratorConfig
 from trainwright.args.training_args import TrainingArguments
 from trainwright.core.events import TrainerCallback
+from trainwright.core.nested import to_device
 from trainwright.core.state import LoopCursor, TrainerState, metric_improves
-from trainwright.data.distribute import to_device
-from trainwright.loop import batch_size_finder, dataloaders, hub, optimization, prediction
-from trainwright.loop.accelerator_facade import RuntimeAccelerator
+from trainwright.distributed.accelerator import RuntimeAccelerator
+from trainwright.loop import batch_size_finder, dataloaders, optimization
+from trainwright.loop.eval import hooks as prediction
+from trainwright.loop.hub import push as hub
 from trainwright.loop.run import TrainingRun
 from trainwright.loop.trainer_setup import TrainerSetup
 from trainwright.observe.flops import FlopsEstimator
@@ -400,7 +402,7 @@ class TrainerAPI(TrainerSetup):
         with oom_guard:
             metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
         if trial is not None and self.hp_search_backend is not None:
-            from trainwright.loop.hpo import report_to_hp_search
+            from trainwright.loop.search.hpo import report_to_hp_search
 
             report_to_hp_search(self, trial, metrics)
         if self._scheduler_is_plateau() and not skip_scheduler:
@@ -409,7 +411,7 @@ class TrainerAPI(TrainerSetup):
 
     def _hp_trial_record(self, trial: Any) -> tuple[str, dict[str, Any]]:
         """The trial's run name and parameters for `TrainerState` (the search layer knows both)."""
-        from trainwright.loop.hpo import trial_params, trial_run_name
+        from trainwright.loop.search.hpo import trial_params, trial_run_name
 
         return trial_run_name(self, trial), trial_params(trial)
 
@@ -476,7 +478,7 @@ class TrainerAPI(TrainerSetup):
     ) -> None:
         """Write `output_dir/README.md`: metadata, hyperparameters and the results of
         `state.log_history` (main process only; see `model_card.py`)."""
-        from trainwright.loop.model_card import write_model_card
+        from trainwright.loop.hub.model_card import write_model_card
 
         write_model_card(
             self,
@@ -557,8 +559,8 @@ class TrainerAPI(TrainerSetup):
 
     # ------------------------------------------------------------------ hyperparameter search
     def hyperparameter_search(self, *args: Any, **kwargs: Any):
-        """Search hyperparameters with optuna or Ray Tune (see `trainwright.loop.hpo`, `hpo_ray`)."""
-        from trainwright.loop.hpo import run_hyperparameter_search
+        """Search hyperparameters with optuna or Ray Tune (see `trainwright.loop.search.hpo`, `hpo_ray`)."""
+        from trainwright.loop.search.hpo import run_hyperparameter_search
 
         return run_hyperparameter_search(self, *args, **kwargs)
 

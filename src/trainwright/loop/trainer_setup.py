@@ -28,13 +28,14 @@ from trainwright.callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCa
 from trainwright.core.enums import DebugOption
 from trainwright.core.events import CallbackHandler, TrainerCallback
 from trainwright.core.modules import without_peft
+from trainwright.core.output_lock import create_output_dir
 from trainwright.core.runtime import Runtime, get_runtime
 from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import TrainerControl, TrainerState
 from trainwright.distributed import accelerate_state, context_parallel, parallelism
-from trainwright.distributed.output_lock import create_output_dir
-from trainwright.loop import dataloaders, hub, plugins
-from trainwright.loop.accelerator_facade import RuntimeAccelerator
+from trainwright.distributed.accelerator import RuntimeAccelerator
+from trainwright.loop import dataloaders, plugins
+from trainwright.loop.hub import push as hub
 from trainwright.loop.run import TrainingRun, empty_training_message
 from trainwright.modeling.loss import LabelSmoother, LossFacts, items_in_batch, loss_honours_num_items
 from trainwright.observe.flops import FlopsEstimator
@@ -42,7 +43,7 @@ from trainwright.observe.memory import TrainerMemoryTracker
 from trainwright.reporters import get_reporting_integration_callbacks
 
 if TYPE_CHECKING:
-    from trainwright.loop.hpo import _Search
+    from trainwright.loop.search.hpo import _Search
 
 logger = logging.getLogger(__name__)
 

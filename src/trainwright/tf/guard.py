@@ -17,8 +17,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from trainwright.distributed.output_lock import OutputDirError, claim_output_dir
-from trainwright.distributed.preemption import PreemptionGuard
+from trainwright.core.output_lock import OutputDirError, claim_output_dir
+from trainwright.core.preemption import PreemptionGuard
 
 logger = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ import tensorflow as tf
 from trainwright.callbacks import DefaultFlowCallback, ProgressCallback
 from trainwright.checkpoint import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
 from trainwright.core.events import CallbackHandler, TrainerCallback
+from trainwright.core.preemption import PreemptionGuard
 from trainwright.core.state import TrainerControl, TrainerState, metric_improves
-from trainwright.distributed.preemption import PreemptionGuard
 from trainwright.observe.metrics import (
     EvalPrediction,
     PredictionOutput,

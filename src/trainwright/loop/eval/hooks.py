@@ -13,7 +13,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from functools import cache, partial
 from typing import Any, Protocol
 
@@ -24,13 +24,13 @@ from torch.utils.data import Dataset
 from trainwright import data as data_utils
 from trainwright.args.training_args import TrainingArguments
 from trainwright.core.events import CallbackHandler
+from trainwright.core.nested import detach
 from trainwright.core.runtime import Runtime
 from trainwright.core.state import TrainerControl, TrainerState
-from trainwright.data.distribute import same_mapping
-from trainwright.loop import plugins
-from trainwright.loop.eval_batches import deals_whole_batches, real_batches
-from trainwright.loop.evaluation import EvalGatherer, EvalResult
-from trainwright.loop.evaluator import Evaluation
+from trainwright.distributed import collectives
+from trainwright.loop.eval.batches import deals_whole_batches, real_batches
+from trainwright.loop.eval.gather import EvalGatherer, EvalResult
+from trainwright.loop.eval.loop import Evaluation
 from trainwright.loop.run import TrainingRun
 from trainwright.modeling import fused_loss, liger
 from trainwright.observe.memory import TrainerMemoryTracker
@@ -197,7 +197,7 @@ def evaluation_loop(
     evaluation = build_evaluation(trainer, model, dataloader, description, prediction_loss_only, ignore_keys)
     # mixed precision: float32 outputs, as from upstream's prepared forward (train() holds them already)
     mixed = (trainer.args.bf16 or trainer.args.fp16) and not trainer.is_in_train
-    with plugins.float32_outputs(model) if mixed else contextlib.nullcontext():
+    with collectives.float32_outputs(model) if mixed else contextlib.nullcontext():
         # the samples evaluated: the sampler's repeats cut before the forward
         result, metrics = evaluation.run()
     if evaluation.batch_metrics is None:
@@ -312,7 +312,7 @@ def prediction_step(
     labels = None
     if has_labels or loss_without_labels:
         # without label names the labels are an empty tuple, not None: `compute_metrics` is still called
-        found = tuple(nested_detach(inputs.get(name)) for name in trainer.label_names)
+        found = tuple(detach(inputs.get(name)) for name in trainer.label_names)
         labels = found[0] if len(found) == 1 else found
     loss = None
     with torch.no_grad(), trainer.compute_loss_context_manager():
@@ -327,7 +327,7 @@ def prediction_step(
             logits = _logits_of(model(**inputs), set(ignore_keys), drop_first=False)
     if prediction_loss_only:
         return loss, None, None
-    logits = nested_detach(logits)
+    logits = detach(logits)
     if isinstance(logits, (tuple, list)) and len(logits) == 1:
         logits = logits[0]
     if isinstance(logits, (tuple, list)) and len(logits) == 0:
@@ -359,11 +359,3 @@ def _logits_of(outputs: Any, skip: set[str], drop_first: bool) -> Any:
     if not drop_first:
         return outputs
     return outputs[1:] if isinstance(outputs, (tuple, list)) else ()
-
-
-def nested_detach(x: Any) -> Any:
-    if isinstance(x, (list, tuple)):
-        return type(x)(nested_detach(t) for t in x)
-    if isinstance(x, Mapping):
-        return same_mapping(x, {k: nested_detach(v) for k, v in x.items()})
-    return x.detach() if isinstance(x, torch.Tensor) else x

@@ -13,7 +13,7 @@ from conftest import RegressionDataset, RegressionModel
 optuna = pytest.importorskip("optuna")
 
 from trainwright.core.events import TrainerCallback  # noqa: E402
-from trainwright.loop.hpo import (  # noqa: E402
+from trainwright.loop.search.hpo import (  # noqa: E402
     args_for_trial,
     default_compute_objective,
     default_hp_space_optuna,

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from trainwright import data as data_utils
+from trainwright.core.nested import same_mapping
 from trainwright.data import packing
-from trainwright.data.distribute import same_mapping
 from trainwright.data.look_ahead import fetched_ahead
 from trainwright.modeling.loss import batch_size
 

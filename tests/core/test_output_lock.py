@@ -20,8 +20,8 @@ import pytest
 from kit.faults import fault_trainer
 
 import trainwright.checkpoint as ckpt
-from trainwright.distributed import output_lock
-from trainwright.distributed.output_lock import (
+from trainwright.core import output_lock
+from trainwright.core.output_lock import (
     LOCK_NAME,
     RECORD_ATTR,
     OutputDirError,

@@ -174,8 +174,8 @@ def test_log_and_save_metrics_files(make_args, capsys):
 
 def test_interleave_shards_restores_dataset_order_and_trims_padding():
     from trainwright.data import ResumableSampler
-    from trainwright.loop.evaluation import interleave_shards
-    from trainwright.observe.metrics import nested_truncate
+    from trainwright.loop.eval.accumulate import nested_truncate
+    from trainwright.loop.eval.gather import interleave_shards
 
     n, world = 7, 3
     samplers = [ResumableSampler(n, shuffle=False, num_replicas=world, rank=r) for r in range(world)]

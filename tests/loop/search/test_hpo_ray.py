@@ -17,7 +17,8 @@ ray = pytest.importorskip("ray")
 tune = pytest.importorskip("ray.tune")
 
 from trainwright.core.events import TrainerCallback  # noqa: E402
-from trainwright.loop import hpo, hpo_ray  # noqa: E402
+from trainwright.loop.search import hpo  # noqa: E402
+from trainwright.loop.search import ray_tune as hpo_ray  # noqa: E402
 from trainwright.loop.trainer import Trainer  # noqa: E402
 from trainwright.observe.metrics import BestRun  # noqa: E402
 

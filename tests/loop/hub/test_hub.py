@@ -20,8 +20,8 @@ from kit import TESTS
 from test_model_card import TokenDataset, tiny_gpt2
 
 from trainwright import Trainer, TrainerCallback, TrainingArguments
-from trainwright.loop.hub import HubError
-from trainwright.loop.model_card import read_metadata
+from trainwright.loop.hub.model_card import read_metadata
+from trainwright.loop.hub.push import HubError
 
 huggingface_hub = pytest.importorskip("huggingface_hub")
 from huggingface_hub import HfApi, RepoUrl  # noqa: E402
@@ -270,9 +270,9 @@ def test_failed_background_push_is_logged(tmp_path, monkeypatch, caplog):
 
     monkeypatch.setattr(_http, "time", types.SimpleNamespace(sleep=lambda seconds: None))
     trainer = make_trainer(tmp_path, max_steps=2)
-    with caplog.at_level("ERROR", logger="trainwright.loop.hub"):
+    with caplog.at_level("ERROR", logger="trainwright.loop.hub.push"):
         trainer.train()  # training goes on; train() waits for the failed upload
-    messages = [r.getMessage() for r in caplog.records if r.name == "trainwright.loop.hub"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "trainwright.loop.hub.push"]
     assert any(
         "push_to_hub=True / hub_model_id='me/tiny-hub': Training in progress, step 2 failed" in m
         and "could not reach the Hugging Face Hub" in m
@@ -299,7 +299,7 @@ def test_no_network_user_script_gets_a_clear_error(tmp_path):
     )
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("trainwright.loop.hub.HubError: push_to_hub=True / hub_model_id='me/tiny': ")
+    assert last.startswith("trainwright.loop.hub.push.HubError: push_to_hub=True / hub_model_id='me/tiny': ")
     assert "could not reach the Hugging Face Hub (ConnectError" in last
     assert "AttributeError" not in done.stderr
 

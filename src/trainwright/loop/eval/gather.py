@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from trainwright.core.runtime import Runtime
-from trainwright.observe.metrics import EvalAccumulator
+from trainwright.loop.eval.accumulate import EvalAccumulator
 
 
 @dataclass

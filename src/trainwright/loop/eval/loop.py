@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainwright.loop.evaluation import EvalGatherer, EvalResult
+from trainwright.loop.eval.gather import EvalGatherer, EvalResult
 from trainwright.observe.metrics import EvalPrediction
 
 

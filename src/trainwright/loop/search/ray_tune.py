@@ -31,7 +31,7 @@ from typing import Any
 
 from trainwright.checkpoint.files import PREFIX_CHECKPOINT_DIR, TRAINER_STATE_NAME
 from trainwright.core.events import TrainerCallback
-from trainwright.loop.hpo_common import (
+from trainwright.loop.search.common import (
     Search,
     SearchTrainer,
     args_for_trial,

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trainwright.loop.hpo_common import (
+from trainwright.loop.search.common import (
     Search,
     SearchTrainer,
     args_for_trial,
@@ -94,7 +94,7 @@ def run_hyperparameter_search(
     `pruner`, `storage`, `study_name`, `load_if_exists` to `optuna.create_study`. Each BestRun's
     `run_summary` is the optuna Study.
 
-    ray: see `trainwright.loop.hpo_ray.run_ray_search` (`hp_space(None)` returns Ray Tune search
+    ray: see `trainwright.loop.search.ray_tune.run_ray_search` (`hp_space(None)` returns Ray Tune search
     spaces; `resources_per_trial`, `scheduler`, `search_alg`, `address`, ... ).
     """
     name = _resolve_backend(backend)
@@ -116,7 +116,7 @@ def run_hyperparameter_search(
         )
     objective_fn = compute_objective or default_compute_objective
     if name == "ray":
-        from trainwright.loop import hpo_ray
+        from trainwright.loop.search import ray_tune as hpo_ray
 
         return hpo_ray.run_ray_search(
             trainer, hp_space, objective_fn, n_trials, directions, hp_name=hp_name, **kwargs

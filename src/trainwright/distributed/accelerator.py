@@ -20,7 +20,7 @@ from torch import nn
 
 from trainwright.args import process_state
 from trainwright.core.modules import unwrap_model as _unwrap
-from trainwright.data.distribute import slice_batch
+from trainwright.core.nested import holds_tensors, slice_batch
 from trainwright.data.prepared import prepare_loader
 from trainwright.distributed import collectives
 
@@ -189,7 +189,7 @@ class RuntimeAccelerator:
         While a loader `prepare` made yields the last global step of its epoch, the samples repeated
         to even out the processes are dropped (the first rows are the real ones), as accelerate
         does; trainwright's own evaluation sampler repeats no sample."""
-        if use_gather_object or not collectives.holds_tensors(input_data):
+        if use_gather_object or not holds_tensors(input_data):
             gathered = collectives.gather_object(self._runtime, input_data)
         else:
             gathered = self.gather(input_data)

@@ -1,0 +1,1 @@
+"""Hyperparameter search: `hyperparameter_search` with optuna or Ray Tune."""
