@@ -63,17 +63,23 @@ STEP_PATH = [
     "loop/trainer.py:Trainer._preempted",
     "loop/trainer.py:Trainer._log_save_evaluate_due",
     "loop/trainer_api.py:TrainerAPI._prepare_inputs",
+    "loop/trainer.py:Trainer._prepare_inputs",
     "loop/trainer_api.py:TrainerAPI._prepare_input",  # on an accelerator
+    "loop/trainer.py:Trainer._prepare_input",
     "data/distribute.py:to_device",  # on an accelerator (before core/nested.py)
     "core/nested.py:to_device",
     "data/distribute.py:map_tensors",  # to_device walks the batch through it
     "core/nested.py:map_tensors",
     "loop/trainer_api.py:TrainerAPI.compute_loss_context_manager",
+    "loop/trainer.py:Trainer.compute_loss_context_manager",
     "loop/trainer_api.py:TrainerAPI.autocast_smart_context_manager",
+    "loop/trainer.py:Trainer.autocast_smart_context_manager",
     "loop/trainer_api.py:TrainerAPI._log_save_evaluate_args",
+    "loop/trainer.py:Trainer._log_save_evaluate_args",
     "loop/async_saves.py:poll",
     "loop/checkpointer.py:Checkpointer.poll",  # a method before the run chose it (sync runs: nothing)
     "loop/trainer_api.py:TrainerAPI._fire",
+    "loop/trainer.py:Trainer._fire",
     "loop/run.py:TrainingRun.train_mode",
     "loop/run.py:TrainingRun.begin_step",
     "loop/run.py:TrainingRun.advance",

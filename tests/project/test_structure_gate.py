@@ -69,3 +69,37 @@ def test_no_test_file_over_600_lines():
         if (n := len(f.read_text().splitlines())) > 600
     }
     assert not large, large
+
+
+def _class_methods(path: str, name: str) -> tuple[ast.ClassDef, set[str]]:
+    tree = ast.parse((SRC / path).read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+    return cls, {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def test_the_class_chain_never_reaches_down():
+    # the Trainer's bases neither declare their subclasses' methods nor call them: each class of
+    # the chain reads on its own (a base is cut by "does the loop call it", not by the file cap)
+    chain = [_class_methods(path, name) for path, name in S.TRAINER_CLASSES]
+    found = []
+    for i, (cls, _) in enumerate(chain[:-1]):
+        above = set().union(*(m for _, m in chain[: i + 1]))
+        below = set().union(*(m for _, m in chain[i + 1 :])) - above
+        declared = {
+            n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+        }
+        found += [f"{cls.name} declares {m}" for m in sorted(declared & below)]
+        for node in ast.walk(cls):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+            ):
+                if node.attr in below:
+                    found.append(f"{cls.name} calls self.{node.attr} (line {node.lineno})")
+    assert not found, found
+
+
+def test_the_step_path_lives_in_the_loop_file():
+    outside = [n for n in S.STEP_PATH if n.startswith("loop/trainer_") and S._find(SRC, n) is not None]
+    assert not outside, outside

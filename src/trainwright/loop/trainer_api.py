@@ -14,30 +14,29 @@ import logging
 import os
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
 from trainwright import data as data_utils
-from trainwright.args.accelerator_config import AcceleratorConfig
 from trainwright.args.training_args import TrainingArguments
+from trainwright.checkpoint.weights import check_load_result
 from trainwright.core.events import TrainerCallback
-from trainwright.core.nested import to_device
-from trainwright.core.state import LoopCursor, TrainerState, metric_improves
+from trainwright.core.state import LoopCursor, metric_improves
 from trainwright.distributed.accelerator import RuntimeAccelerator
+from trainwright.distributed.engine import load_weights
 from trainwright.loop import batch_size_finder, dataloaders, optimization
+from trainwright.loop.checkpoint_parts import write_model
+from trainwright.loop.checkpointer import load_rng_state, run_dir
 from trainwright.loop.eval import hooks as prediction
 from trainwright.loop.hub import push as hub
-from trainwright.loop.run import TrainingRun
 from trainwright.loop.trainer_setup import TrainerSetup
 from trainwright.observe.flops import FlopsEstimator
 from trainwright.observe.metrics import (
     EvalLoopOutput,
     PredictionOutput,
-    call_log,
-    speed_metrics,
 )
 from trainwright.observe.metrics import log_metrics as _log_metrics
 from trainwright.observe.metrics import metrics_format as _metrics_format
@@ -224,21 +223,6 @@ class TrainerAPI(TrainerSetup):
     def get_test_dataloader(self, test_dataset: Dataset) -> torch.utils.data.DataLoader:
         return dataloaders.inference_dataloader(self, test_dataset, "test")
 
-    def _prepare_inputs(self, inputs: Any) -> Any:
-        """The batch on this process's device (as made: on the CPU, when that is the device)."""
-        if self.runtime.device.type == "cpu":
-            return inputs
-        return self._prepare_input(inputs)
-
-    def _prepare_input(self, data: Any) -> Any:
-        """`data` on this process's device: the tensors in it, through mappings, lists and tuples."""
-        device = self.runtime.device
-        # accelerator_config: an AcceleratorConfig after TrainingArguments.__post_init__
-        non_blocking = (
-            device.type == "cuda" and cast(AcceleratorConfig, self.args.accelerator_config).non_blocking
-        )
-        return to_device(data, device, non_blocking)
-
     # ------------------------------------------------------------------ optimizer / schedule
     def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
         self.create_optimizer()
@@ -293,28 +277,6 @@ class TrainerAPI(TrainerSetup):
     def get_num_trainable_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
 
-    def _amp_dtype(self, evaluating: bool = False) -> torch.dtype | None:
-        if evaluating and (self.args.bf16_full_eval or self.args.fp16_full_eval):
-            return None  # the model itself is cast
-        if self.args.bf16:
-            return torch.bfloat16
-        if self.args.fp16:
-            return torch.float16
-        return None
-
-    def compute_loss_context_manager(self) -> contextlib.AbstractContextManager:
-        """The context of every forward that computes a loss (training and prediction steps)."""
-        return self.autocast_smart_context_manager()
-
-    def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
-        """Autocast to bf16/fp16 when mixed precision is on (not over a model cast for full eval)."""
-        if not (self.args.bf16 or self.args.fp16):
-            return _NO_CONTEXT  # the common case, on every micro-batch: decided without a call
-        dtype = self._amp_dtype(evaluating=not self.model.training)
-        if dtype is None:
-            return _NO_CONTEXT
-        return self.runtime.autocast(dtype, cache_enabled=cache_enabled)
-
     def _scheduler_is_plateau(self) -> bool:
         return steps_on_metric(self.lr_scheduler)
 
@@ -324,30 +286,6 @@ class TrainerAPI(TrainerSetup):
         if not training or self._run is None:
             return model
         return self._run.engine.wrap(model)
-
-    def _fire(self, event: str, state: TrainerState | None = None, extra: dict | None = None) -> None:
-        """Send `event` (with `extra` keyword arguments) to the callbacks that listen to it;
-        `control` is what they return."""
-        handler = self.callback_handler
-        if event in handler.quiet:  # nobody listens, nothing to reset: no call (every step's events)
-            return
-        self.control = handler.dispatch(event, self.args, state or self.state, self.control, extra)
-
-    def _log_training_window(
-        self, grad_norm: Any = None, learning_rate: float | None = None, start_time: float | None = None
-    ) -> None:
-        logs = self._training_window_row(grad_norm, learning_rate)
-        call_log(self.log, logs, start_time)  # also an override with the older log(self, logs)
-
-    def _training_window_row(
-        self, grad_norm: Any = None, learning_rate: float | None = None
-    ) -> dict[str, float]:
-        assert self._run is not None  # training windows are read while a run trains
-        return self._run.window_row(self.state.global_step, grad_norm, learning_rate)
-
-    def _fold_loss_window(self) -> None:
-        assert self._run is not None
-        self._run.read_loss_window(self.state.global_step)
 
     def _wants_flops(self) -> bool:
         return any(getattr(cb, "needs_flops", False) for cb in self.callback_handler.callbacks)
@@ -362,35 +300,6 @@ class TrainerAPI(TrainerSetup):
         self.state.total_flos = self.cursor.flops_seen * self.runtime.data_world_size
 
     # ------------------------------------------------------------------ log / evaluate / save
-    def _log_save_evaluate_args(self, run: TrainingRun, epoch: int) -> tuple:
-        """`_maybe_log_save_evaluate`'s arguments, in upstream's order."""
-        # tr_loss is only materialised for a subclass that overrides the method (it costs a stack)
-        tr_loss = run.losses.window_sum(run.cursor.steps_since_log) if run.custom_lse else None
-        return (
-            tr_loss,
-            run.grad_norm,
-            self.model_wrapped,
-            run.trial,
-            epoch,
-            run.ignore_keys_for_eval,
-            run.start_time,
-            run.last_lr,
-        )
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """Record a row in log_history and send it to every callback's `on_log`."""
-        if self.state.epoch is not None:
-            logs["epoch"] = self.state.epoch
-        if self.args.include_num_input_tokens_seen != "no":
-            logs["num_input_tokens_seen"] = self.state.num_input_tokens_seen
-            if (
-                start_time is not None and self._run is not None
-            ):  # v5: this call's tokens over its time so far
-                tokens = self.state.num_input_tokens_seen - self._run.input_tokens_at_start
-                logs.update(speed_metrics("train", start_time, num_tokens=tokens))
-        self._fire("on_pre_log", extra={"logs": logs})
-        self.state.log_history.append({**logs, "step": self.state.global_step})
-        self._fire("on_log", extra={"logs": logs})
 
     def _evaluate(
         self, trial: Any, ignore_keys_for_eval: Any, skip_scheduler: bool = False
@@ -457,12 +366,102 @@ class TrainerAPI(TrainerSetup):
     def metrics_format(self, metrics: dict[str, float]) -> dict[str, Any]:
         return _metrics_format(metrics)
 
+    def _get_output_dir(self, trial: Any) -> str:
+        """Where this run's checkpoints go: output_dir, or a search trial's folder in it (upstream's
+        hook: a subclass's override moves them; TRL's GRPO writes files of its own there)."""
+        return run_dir(_whole(self), trial)
+
+    def _forget_failed_run(self) -> None:
+        """auto_find_batch_size: drop what a try that ran out of memory left (its run, the wrapper,
+        the gradients, a Trainer-made schedule for the old number of steps)."""
+        run = self._run
+        if run is not None and run.cursor.steps_applied > run.cursor.first_step_of_call:
+            logger.warning(
+                "auto_find_batch_size: the out-of-memory error came after %d optimizer steps; the retry "
+                "starts from the weights and optimizer state they left (as transformers does).",
+                run.cursor.steps_applied - run.cursor.first_step_of_call,
+            )
+        if run is not None:
+            run.checkpointer.abandon()
+            run.close()
+        self._run = None
+        self.model_wrapped = self.model  # the failed try's wrapper (DDP buckets, compile) goes
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        if self._created_scheduler:
+            self.lr_scheduler = None  # re-made for the new number of steps
+
+    # ------------------------------------------------------------------ checkpoint hooks (the checkpointer calls them: a subclass's override runs)
+    def wait_for_checkpoint(self) -> None:
+        """With `async_save`: block until the checkpoint being written in the background is durable
+        (in place, rotated, `on_save` called); returns at once when none is. Raises the write's error."""
+        if self._run is not None:
+            self._run.checkpointer.wait()
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Write the model (safetensors), the processing class and training_args.json.
+
+        Every process calls it (a sharded model is gathered first); the writing process calls
+        `_save`. Checkpoints write their weights through it too (`_internal_call=True`)."""
+        output_dir = output_dir or self.args.output_dir
+        assert output_dir is not None  # TrainingArguments.__post_init__ fills output_dir in
+        run, args, runtime = self._run, self.args, self.runtime
+        if run is not None:
+            run.checkpointer.wait()  # a checkpoint being written in the background is finished first
+        state_dict = run.engine.full_state_dict(on_every_rank=args.save_on_each_node) if run else None
+        if runtime.is_main_process or (args.save_on_each_node and runtime.is_local_main_process):
+            self._save(output_dir, state_dict=state_dict)
+        runtime.barrier()
+        if args.push_to_hub and not _internal_call:  # documented: a user's save_model pushes
+            self.push_to_hub(commit_message="Model save", revision=args.hub_revision)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Write weights (`state_dict`, else the model's), processing class and training_args.json."""
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        assert output_dir is not None  # TrainingArguments.__post_init__ fills output_dir in
+        os.makedirs(output_dir, exist_ok=True)
+        write_model(_whole(self), output_dir, state_dict=state_dict)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        """Load a checkpoint's weights into `model` (default: the Trainer's)."""
+        load_weights(model if model is not None else self.model, resume_from_checkpoint)
+
+    def _issue_warnings_after_load(self, load_result: Any) -> None:
+        """What a subclass's `_load_from_checkpoint` calls on its `load_state_dict(strict=False)`
+        result (GLiNER's): keys the model leaves out of its saves are tied again, as upstream; any
+        other missing or unexpected key is an error naming them, where upstream warns and trains on."""
+        check_load_result(self.model, load_result)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """Load the optimizer's and the schedule's state of checkpoint `checkpoint` (None: nothing).
+        Upstream's hook: a subclass's override is called at a resume, after the weights and the rest
+        of the checkpoint; its super() call loads these two (TRL's GRPO then reads its entropy
+        controller's file), without it they start anew."""
+        if checkpoint is None:
+            return
+        if self._run is None:
+            raise RuntimeError(
+                "_load_optimizer_and_scheduler loads into a training run: call it from train() (a "
+                "subclass's override is called there), or resume with train(resume_from_checkpoint=...)."
+            )
+        self._run.checkpointer.load_optimizer_and_scheduler(checkpoint)
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        """Restore this process's random generators from a checkpoint folder (a missing file warns,
+        a damaged one is an error)."""
+        if checkpoint is not None:
+            load_rng_state(self.args, self.runtime, checkpoint)
+
+    def _load_best_model(self) -> None:
+        """Load the weights of `state.best_model_checkpoint` (load_best_model_at_end)."""
+        if self._run is not None:  # called directly mid-training too: the checkpoint being written first
+            self._run.checkpointer.wait()
+        best = self.state.best_model_checkpoint
+        logger.info("Loading the best model from %s (score: %s).", best, self.state.best_metric)
+        assert best is not None  # called only when there is a best checkpoint
+        self._load_from_checkpoint(best)
+
     # ------------------------------------------------------------------ Hub and model card
-    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
-        """Create the Hub repository `args.hub_model_id` (default: output_dir's name) if it does not
-        exist and keep its id in `self.hub_model_id` (main process only)."""
-        self.hub_model_id = hub.init_repo(self, token=token, private=private)
-        self.push_in_progress = None
 
     def create_model_card(
         self,
@@ -525,14 +524,14 @@ class TrainerAPI(TrainerSetup):
     ) -> dict[str, float]:
         """Evaluate; with a dict of datasets, each one's metrics are prefixed `eval_<name>_`."""
         self._sync_args()
-        return prediction.evaluate(self, eval_dataset, ignore_keys, metric_key_prefix)
+        return prediction.evaluate(_whole(self), eval_dataset, ignore_keys, metric_key_prefix)
 
     def predict(
         self, test_dataset: Dataset, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
     ) -> PredictionOutput:
         """Predictions (padded with -100 across batches), labels and metrics for a dataset."""
         self._sync_args()
-        return prediction.predict(self, test_dataset, ignore_keys, metric_key_prefix)
+        return prediction.predict(_whole(self), test_dataset, ignore_keys, metric_key_prefix)
 
     def evaluation_loop(
         self,
@@ -544,7 +543,7 @@ class TrainerAPI(TrainerSetup):
     ) -> EvalLoopOutput:
         """Run `prediction_step` over a dataloader, streaming results to the CPU."""
         return prediction.evaluation_loop(
-            self, dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+            _whole(self), dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
         )
 
     def prediction_step(
@@ -555,14 +554,14 @@ class TrainerAPI(TrainerSetup):
         ignore_keys: list[str] | None = None,
     ) -> tuple[torch.Tensor | None, Any, Any]:
         """(loss, logits, labels) for one batch, without gradients."""
-        return prediction.prediction_step(self, model, inputs, prediction_loss_only, ignore_keys)
+        return prediction.prediction_step(_whole(self), model, inputs, prediction_loss_only, ignore_keys)
 
     # ------------------------------------------------------------------ hyperparameter search
     def hyperparameter_search(self, *args: Any, **kwargs: Any):
         """Search hyperparameters with optuna or Ray Tune (see `trainwright.loop.search.hpo`, `hpo_ray`)."""
         from trainwright.loop.search.hpo import run_hyperparameter_search
 
-        return run_hyperparameter_search(self, *args, **kwargs)
+        return run_hyperparameter_search(_whole(self), *args, **kwargs)
 
     @contextlib.contextmanager
     def _hp_search_scope(self, backend: str, search: Any) -> Iterator[None]:
@@ -577,3 +576,9 @@ class TrainerAPI(TrainerSetup):
     def _set_trial_args(self, args: TrainingArguments) -> None:
         """A search trial's arguments (the base arguments with the trial's values)."""
         self.args = args
+
+
+def _whole(part: TrainerSetup) -> Any:
+    """`part` as the whole Trainer it always is (the chain's bases are never built alone), for the
+    modules that take a Trainer: their Protocols name members of every class of the chain."""
+    return part

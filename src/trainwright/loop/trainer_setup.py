@@ -9,12 +9,11 @@ model's loss honours `num_items_in_batch`. `TrainerAPI` (trainer_api.py) and `Tr
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import logging
 import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -37,7 +36,7 @@ from trainwright.distributed.accelerator import RuntimeAccelerator
 from trainwright.loop import dataloaders, plugins
 from trainwright.loop.hub import push as hub
 from trainwright.loop.run import TrainingRun, empty_training_message
-from trainwright.modeling.loss import LabelSmoother, LossFacts, items_in_batch, loss_honours_num_items
+from trainwright.modeling.loss import LabelSmoother, LossFacts
 from trainwright.observe.flops import FlopsEstimator
 from trainwright.observe.memory import TrainerMemoryTracker
 from trainwright.reporters import get_reporting_integration_callbacks
@@ -91,14 +90,6 @@ class TrainerSetup:
     _hp_search: _Search | None  # hpo's search while one runs (hyperparameter_search sets it)
     _plugins: list[plugins.PlugIn]  # the optional features these arguments ask for (plugins.PLUGINS)
     _args_source: foreign.Source | None  # transformers' arguments object `args` was converted from
-    # Upstream hooks that the classes below define and that this class's methods (or the parts they
-    # hand `self` to) call: overridable there.
-    init_hf_repo: Callable[..., None]
-    compute_loss_context_manager: Callable[[], contextlib.AbstractContextManager]
-    _prepare_inputs: Callable[[Any], Any]
-    train: Callable[..., Any]  # Trainer
-    compute_loss: Callable[..., Any]  # Trainer
-    save_model: Callable[..., None]  # Trainer
 
     def __init__(
         self,
@@ -317,36 +308,13 @@ class TrainerSetup:
         # steps_in_epoch 0: the epoch has no known end, it runs until max_steps
         return 2**62, args.max_steps, samples, samples, total_batch, 0, args.max_steps
 
-    def _measure_loss_kwargs(self, micro_batches: list, num_items: torch.Tensor) -> None:
-        """Settle, once per run, whether a `**kwargs` forward really divides by `num_items_in_batch`
-        (measured on a micro-batch with label targets: one without any says nothing)."""
-        facts = self._loss_facts
-        if self.compute_loss_func is not None or self.label_smoother is not None:
-            facts.probe = False
-            return  # the model is not given num_items_in_batch then
-        inputs = next((b for b in micro_batches if _has_targets(b, facts.label_shift)), None)
-        if inputs is None:
-            if not any(
-                isinstance(b, Mapping) and isinstance(b.get("labels"), torch.Tensor) for b in micro_batches
-            ):
-                facts.probe = False  # no labels at all: nothing to measure, ever
-            return  # this step's labels are all ignored: measure on a later step
-        facts.probe = False
-        with self.compute_loss_context_manager():
-            honoured = loss_honours_num_items(
-                self.model, self._prepare_inputs(inputs), num_items.to(self.runtime.device)
-            )
-        if self.runtime.distributed:  # every process must take the same path
-            honoured = not self.runtime.any_process(not honoured)
-        if not honoured and self.runtime.parallel_size("cp") > 1:
-            raise context_parallel.refuse_mean_loss(type(self.model).__name__)
-        facts.accepts_loss_kwargs = honoured
-        logger.info(
-            "%s %s num_items_in_batch: %s.",
-            type(self.model).__name__,
-            "divides its loss by" if honoured else "ignores",
-            "passing it" if honoured else "its mean loss is weighted by each micro-batch's share",
-        )
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        """Create the Hub repository `args.hub_model_id` (default: output_dir's name) if it does not
+        exist and keep its id in `self.hub_model_id` (main process only)."""
+        self.hub_model_id = hub.init_repo(
+            cast(Any, self), token=token, private=private
+        )  # always a whole Trainer
+        self.push_in_progress = None
 
     @property
     def model_accepts_loss_kwargs(self) -> bool:
@@ -431,13 +399,6 @@ def _forward_params(model: nn.Module) -> list[str]:
     import inspect
 
     return list(inspect.signature(without_peft(model).forward).parameters)  # a PEFT model's base, as upstream
-
-
-def _has_targets(batch: Any, label_shift: bool) -> bool:
-    """Whether a batch has labels with at least one target (a CPU count, no device sync)."""
-    if not isinstance(batch, Mapping) or not isinstance(batch.get("labels"), torch.Tensor):
-        return False
-    return bool(items_in_batch(batch, label_shift))
 
 
 def enable_activation_checkpointing(model: nn.Module, kwargs: dict | None) -> None:
