@@ -4,7 +4,6 @@ token-weighted gradient accumulation and honest throughput/MFU figures.
     from trainwright import Trainer, TrainingArguments
 """
 
-from trainwright import _moved_modules
 from trainwright.args import foreign as _foreign
 from trainwright.args.parser import HfArgumentParser
 from trainwright.args.training_args import (
@@ -59,7 +58,6 @@ from trainwright.optim.schedules import (
 from trainwright.patch import PatchTooLateError, patch_transformers
 from trainwright.trainer_utils import torch_distributed_zero_first
 
-_moved_modules.install()
 # transformers' TrainingArguments note what they were given, so that converting one keeps an explicit
 # choice equal to transformers' default (args/foreign.py)
 _foreign.watch()

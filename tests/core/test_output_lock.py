@@ -3,8 +3,7 @@ processes: it cannot be aimed at another file, it is released only by its holder
 leaves the folder as transformers leaves it.
 
 The lock is a flock on the folder's own descriptor (its record in an extended attribute); where a
-folder cannot be flocked (NFS) it is a file beside the folder. Earlier releases locked
-`output_dir/.trainwright.lock`; that path is still honoured, never followed.
+folder cannot be flocked (NFS) it is a `filelock.FileLock` on a file beside the folder.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from kit.faults import fault_trainer
 import trainwright.checkpoint as ckpt
 from trainwright.core import output_lock
 from trainwright.core.output_lock import (
-    LOCK_NAME,
     RECORD_ATTR,
     OutputDirError,
     OutputDirInUseError,
@@ -58,13 +56,10 @@ def _refused(out: str, match: str, error=OutputDirError) -> None:
 # ------------------------------------------------------------------ 3: nothing followed or replaced
 
 
-@pytest.mark.parametrize("where", ["old lock file", "beside"])
-def test_a_link_in_the_locks_place_is_refused_and_its_target_untouched(tmp_path, where, request):
+def test_a_link_in_the_lock_files_place_is_refused_and_its_target_untouched(tmp_path, no_folder_flock):
     out = str(tmp_path / "out")
     os.makedirs(out)
-    if where == "beside":  # the NFS fallback
-        request.getfixturevalue("no_folder_flock")
-    link = os.path.join(out, LOCK_NAME) if where == "old lock file" else _beside(out)
+    link = _beside(out)  # the NFS fallback's lock file
     precious = tmp_path / "precious.txt"  # any file the user (as root: any file at all) can write
     precious.write_text("keep me")
     os.symlink(precious, link)
@@ -77,38 +72,20 @@ def test_a_link_in_the_locks_place_is_refused_and_its_target_untouched(tmp_path,
     os.symlink(outside, link)  # dangling: following it would create a file outside output_dir
     _refused(out, f"{link} is a symbolic link")
     assert not outside.exists()
-    assert os.listdir(out) == ([LOCK_NAME] if where == "old lock file" else [])
+    assert os.listdir(out) == []
 
 
-def test_a_folder_or_a_pipe_in_the_old_lock_files_place_is_refused_naming_it(tmp_path):
-    out = tmp_path / "out"
-    (out / LOCK_NAME).mkdir(parents=True)
-    _refused(str(out), f"{out / LOCK_NAME} is a folder, not a lock file trainwright wrote.*Remove it")
-    (out / LOCK_NAME).rmdir()
-    os.mkfifo(out / LOCK_NAME)  # opening a pipe for reading would block
-    _refused(str(out), f"{out / LOCK_NAME} is not a regular file")
-    os.unlink(out / LOCK_NAME)
-    fault_trainer(str(out)).train()  # removed: the run goes ahead
-    assert sorted(os.listdir(out)) == ["checkpoint-2", "checkpoint-4"]
-
-
-def test_an_earlier_releases_lock_file_held_refuses_and_left_behind_is_removed(tmp_path):
+def test_a_folder_or_a_pipe_in_the_lock_files_place_is_refused_naming_it(tmp_path, no_folder_flock):
     out = tmp_path / "out"
     out.mkdir()
-    old = out / LOCK_NAME
-    old.write_text(json.dumps({"pid": 4242, "host": "node7", "started": "2025-01-01T00:00:00+00:00"}))
-    fd = os.open(old, os.O_RDWR)
-    fcntl.flock(fd, fcntl.LOCK_EX)  # an older trainwright running there
-    try:
-        _refused(
-            str(out),
-            f"in use by another training run \\(pid 4242 on host node7.*locked: {old}",
-            OutputDirInUseError,
-        )
-    finally:
-        os.close(fd)
-    assert old.exists() and not (out / "checkpoint-2").exists()
-    fault_trainer(str(out)).train()  # the older run is gone: its file is a leftover, removed
+    lock = _beside(str(out))
+    os.mkdir(lock)
+    _refused(str(out), f"{lock} is a folder, not a lock file trainwright wrote.*Remove it")
+    os.rmdir(lock)
+    os.mkfifo(lock)  # a pipe could be flocked: it is no lock file
+    _refused(str(out), f"{lock} is not a regular file")
+    os.unlink(lock)
+    fault_trainer(str(out)).train()  # removed: the run goes ahead
     assert sorted(os.listdir(out)) == ["checkpoint-2", "checkpoint-4"]
 
 
@@ -137,8 +114,8 @@ def test_a_run_ending_never_releases_the_lock_of_the_run_that_replaced_its_folde
 
 def test_with_the_lock_file_beside_a_deleted_file_is_never_unlinked_by_the_first_holder(tmp_path, jobs):
     """Where folders cannot be flocked (NFS) the lock is a file beside output_dir. Deleted by hand while
-    held, a second run takes a new one; the first run's end leaves the second's file alone (device and
-    inode compared), so a third run is still refused."""
+    held, a second run takes a new one; the first run's end leaves the second's file and record alone,
+    so a third run is still refused."""
     out = str(tmp_path / "out")
     first = jobs({"output_dir": out, "max_steps": 30, "step_sleep": 0.1, "no_folder_flock": True})
     first_pid = int(first.wait_for("STARTED").split()[1])
@@ -155,7 +132,7 @@ def test_with_the_lock_file_beside_a_deleted_file_is_never_unlinked_by_the_first
     assert f"is in use by another training run (pid {pid} on host" in stderr and f"locked: {lock}" in stderr
     second.proc.send_signal(signal.SIGTERM)
     assert second.finish()[0] == 0
-    assert not os.path.exists(lock)  # released by its holder: removed
+    assert open(lock).read() == ""  # released by its holder: its record cleared (filelock keeps the file)
 
 
 def test_lock_file_beside_the_folder_in_one_process(tmp_path, no_folder_flock):
@@ -167,7 +144,9 @@ def test_lock_file_beside_the_folder_in_one_process(tmp_path, no_folder_flock):
         with pytest.raises(OutputDirInUseError, match=f"pid {os.getpid()} on host"):
             OutputDirLock(out).acquire()
         assert os.listdir(out) == []
-    assert not os.path.exists(_beside(out))
+    assert open(_beside(out)).read() == ""  # released: no record left to name a holder
+    with OutputDirLock(out) as again:  # and it can be taken again
+        assert again.locked
 
 
 def test_the_record_names_the_holder_and_goes_with_the_lock(tmp_path):

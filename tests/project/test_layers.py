@@ -7,7 +7,6 @@ import for an annotation still ties a lower layer to the loop's shape.
 from __future__ import annotations
 
 import ast
-import warnings
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("loop", "tf"),
     ("patch",),  # a library API at the face (`patch_transformers`) that the commands use too
     ("app",),
-    ("__init__", "__main__", "integrations", "trainer_utils", "_moved_modules"),  # the public face
+    ("__init__", "__main__", "integrations", "trainer_utils"),  # the public face
 ]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 
@@ -183,28 +182,6 @@ def _is_init(module: str) -> bool:
 
 def test_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-
-
-@pytest.mark.parametrize(
-    "old,new",
-    [
-        ("trainwright.trainer", "trainwright.loop.trainer"),
-        ("trainwright.runtime", "trainwright.core.runtime"),
-        ("trainwright.distributed.runtime", "trainwright.core.runtime"),
-        ("trainwright.checkpoint.output_lock", "trainwright.core.output_lock"),
-    ],
-)
-def test_old_module_paths_still_import_with_a_deprecation_warning(old, new):
-    import importlib
-    import sys
-
-    sys.modules.pop(old, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(old)
-    assert module is importlib.import_module(new)
-    assert module.__spec__.name == new
-    assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught)
 
 
 # Files that are purely declarative tables may be longer (none today).

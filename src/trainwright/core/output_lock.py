@@ -16,15 +16,13 @@ main process with `save_on_each_node`) it
    `output_dir` and the holder. The kernel drops the lock when the holder dies.
 
 Where a directory cannot be flocked (NFS emulates flock with byte-range locks, which need a file open
-for writing), the lock is a file beside the folder, `<parent>/.<name>.trainwright.lock` (holder record
-as its content), opened without following links, refused unless it is a regular file, and removed on
-release only if it is still the file this process locked (device and inode compared). Where neither
-can be locked (no `fcntl`, a filesystem without locks, a parent folder that cannot be written) a
-warning says so once and training goes on unlocked.
-
-The lock file of earlier releases, `output_dir/.trainwright.lock`, is honoured: held by a running
-process, the run is refused; left by a killed one, it is removed; a link, folder or other non-file in
-its place is refused naming the path (it is nothing trainwright wrote).
+for writing), the lock is a `filelock.FileLock` on a file beside the folder,
+`<parent>/.<name>.trainwright.lock`, taken without waiting (`timeout=0`); the holder's record is its
+content (written when the lock is taken, cleared on release). filelock opens it without following
+links; anything but a regular file in its place is refused naming the path. The file stays after
+release, as filelock leaves it (unlinking a locked file would split contenders across inodes). Where
+neither can be locked (no `fcntl`, a filesystem without locks, a parent folder that cannot be written)
+a warning says so once and training goes on unlocked.
 
 Forked children (dataloader workers) close their copy of the held descriptor, so a worker outliving a
 killed trainer does not hold the lock. With several processes the outcome is shared, so every rank
@@ -49,6 +47,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import filelock
+
 try:  # not on Windows
     import fcntl
 except ImportError:  # pragma: no cover - exercised on Windows only
@@ -56,7 +56,6 @@ except ImportError:  # pragma: no cover - exercised on Windows only
 
 logger = logging.getLogger(__name__)
 
-LOCK_NAME = ".trainwright.lock"  # the lock file of earlier releases, inside output_dir
 RECORD_ATTR = "user.trainwright.lock"
 _PROBE_PREFIX = ".trainwright-write-probe-"
 # flock errors meaning "this filesystem can't lock this", not "someone holds it"; EBADF: NFS and a
@@ -174,30 +173,6 @@ def _flock(fd: int) -> bool:
     return True
 
 
-def _open_lock_file(path: str, create: bool) -> tuple[int, bool]:
-    """`path` opened for reading and writing, never through a link, and whether it was created;
-    OutputDirError unless it is a regular file (a link would let anyone who can write the folder aim
-    the lock at another file, and opening a device or a pipe can block or act)."""
-    try:
-        mode: int | None = os.lstat(path).st_mode
-    except FileNotFoundError:
-        if not create:
-            raise
-        mode = None
-    if mode is not None and not stat.S_ISREG(mode):
-        raise OutputDirError(_not_a_lock_file(path))
-    try:  # O_NOFOLLOW: a link put there since lstat fails with ELOOP (O_CREAT included)
-        fd = os.open(path, os.O_RDWR | _NOFOLLOW | (os.O_CREAT if mode is None else 0), 0o644)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise OutputDirError(_not_a_lock_file(path)) from None
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OutputDirError(_not_a_lock_file(path))
-    return fd, mode is None
-
-
 def _not_a_lock_file(path: str) -> str:
     try:
         mode = os.lstat(path).st_mode
@@ -216,14 +191,6 @@ def _not_a_lock_file(path: str) -> str:
     )
 
 
-def _same_file(fd: int, path: str) -> bool:
-    try:
-        held, named = os.fstat(fd), os.lstat(path)
-    except FileNotFoundError:
-        return False
-    return held.st_nlink > 0 and (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
-
-
 def _record() -> bytes:
     return json.dumps(
         {
@@ -234,8 +201,12 @@ def _record() -> bytes:
     ).encode()
 
 
-def _record_in_file(fd: int) -> bytes:
-    return os.pread(fd, 4096, 0)
+def _record_in_file(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    try:
+        return os.pread(fd, 4096, 0)
+    finally:
+        os.close(fd)
 
 
 def _record_in_attribute(fd: int) -> bytes:
@@ -279,7 +250,8 @@ class OutputDirLock:
         self.output_dir = os.fspath(output_dir)
         self.path = self.output_dir  # what is locked: the folder, or the lock file beside it
         self._fd: int | None = None
-        self._is_file = False
+        self._file_lock: filelock.FileLock | None = None
+        self._file_fd: int | None = None  # the file lock's descriptor, lent by filelock while held
         self.locked = False
 
     def acquire(self) -> OutputDirLock:
@@ -303,94 +275,57 @@ class OutputDirLock:
                 return self
         else:
             if not held:
-                self._refuse(fd, _record_in_attribute)
-            self._hold(fd)
+                self._refuse(fd)
+            self._fd, self.locked = fd, True
+            _held_fds.add(fd)
             with contextlib.suppress(OSError, AttributeError):  # a record where the filesystem keeps one
                 os.setxattr(fd, RECORD_ATTR, _record())
-        try:
-            self._clear_old_lock_file()
-        except BaseException:
-            self.release()
-            raise
-        if self.locked:
-            st = os.stat(self.output_dir)
-            _locked_folders[os.path.abspath(self.output_dir)] = (st.st_dev, st.st_ino)
+        st = os.stat(self.output_dir)
+        _locked_folders[os.path.abspath(self.output_dir)] = (st.st_dev, st.st_ino)
         return self
 
     def _acquire_file_beside(self, why: OSError) -> bool:
-        """Lock `<parent>/.<name>.trainwright.lock` (a folder cannot be flocked here); False when that
-        cannot be locked either (warned)."""
+        """Lock `<parent>/.<name>.trainwright.lock` with filelock (a folder cannot be flocked here);
+        False when that cannot be locked either (warned)."""
         parent, name = os.path.split(os.path.realpath(self.output_dir))
         if not name:
             self._unsupported(f"flock on a folder failed: {why.strerror}")
             return False
-        self.path, self._is_file = os.path.join(parent, f".{name}.trainwright.lock"), True
-        for _ in range(100):  # the file may be removed by a releasing holder between open and flock
-            try:
-                fd, created = _open_lock_file(self.path, create=True)
-            except OSError as exc:  # the parent folder cannot be written (OutputDirError passes)
-                self._unsupported(
-                    f"flock on a folder failed, and {self.path} cannot be created: {exc.strerror}"
-                )
-                return False
-            try:
-                held = _flock(fd)
-            except OSError as exc:
-                if created:  # nobody can lock it: leave nothing behind
-                    with contextlib.suppress(OSError):
-                        os.unlink(self.path)
-                os.close(fd)
-                if exc.errno not in _UNSUPPORTED:
-                    raise OutputDirError(
-                        f"output_dir={self.output_dir!r}: could not lock {self.path}: {exc.strerror}"
-                    ) from exc
-                self._unsupported(f"flock failed: {exc.strerror}")
-                return False
-            if not held:
-                self._refuse(fd, _record_in_file)
-            if _same_file(fd, self.path):
-                self._hold(fd)
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, _record() + b"\n", 0)
-                return True
-            os.close(fd)  # locked a file its holder had just removed: try the new one
-        raise OutputDirError(
-            f"output_dir={self.output_dir!r}: could not lock {self.path} (it keeps changing)"
-        )
+        self.path = os.path.join(parent, f".{name}.trainwright.lock")
+        with contextlib.suppress(FileNotFoundError):  # a link is refused by filelock too (O_NOFOLLOW)
+            if not stat.S_ISREG(os.lstat(self.path).st_mode):  # a pipe would be locked, a folder fails
+                raise OutputDirError(_not_a_lock_file(self.path))
+        lock = filelock.FileLock(self.path, timeout=0, fallback_to_soft=False, on_acquired=self._write_record)
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            holder = self._wait_for_record(lambda: _record_in_file(self.path))
+            with contextlib.suppress(OSError):
+                holder = holder or _flock_holder_here(os.stat(self.path))
+            raise OutputDirInUseError(self._in_use_message(holder), holder) from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a link put there
+                raise OutputDirError(_not_a_lock_file(self.path)) from None
+            what = "flock failed" if exc.errno in _UNSUPPORTED else f"{self.path} cannot be locked"
+            self._unsupported(f"flock on a folder failed, and {what}: {exc.strerror}")
+            return False
+        self._file_lock, self.locked = lock, True
+        return True
 
-    def _refuse(self, fd: int, read: Callable[[int], bytes], lock: str | None = None) -> None:
-        """Raise OutputDirInUseError naming the holder of `fd`'s lock (its record: `read(fd)`)."""
+    def _write_record(self, fd: int) -> None:
+        """filelock's `on_acquired`: the holder's record as the lock file's content."""
+        self._file_fd = fd
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, _record() + b"\n", 0)
+
+    def _refuse(self, fd: int) -> None:
+        """Raise OutputDirInUseError naming the holder of the folder's flock (its record, else /proc/locks)."""
         try:
             st = os.fstat(fd)
-            holder = self._wait_for_record(lambda: read(fd)) or _flock_holder_here(st)
+            holder = self._wait_for_record(lambda: _record_in_attribute(fd)) or _flock_holder_here(st)
         finally:
             os.close(fd)
-        raise OutputDirInUseError(self._in_use_message(holder, lock), holder)
-
-    def _hold(self, fd: int) -> None:
-        self._fd, self.locked = fd, True
-        _held_fds.add(fd)
-
-    def _clear_old_lock_file(self) -> None:
-        """Earlier releases locked `output_dir/.trainwright.lock`: refuse while one of them holds it,
-        remove it when a killed run left it."""
-        path = os.path.join(self.output_dir, LOCK_NAME)
-        try:
-            fd, _ = _open_lock_file(path, create=False)
-        except FileNotFoundError:
-            return
-        try:
-            free = _flock(fd)
-        except OSError:  # cannot tell whether it is held: leave it
-            os.close(fd)
-            return
-        if not free:
-            self._refuse(fd, _record_in_file, path)
-        try:
-            if _same_file(fd, path):
-                os.unlink(path)
-        finally:
-            os.close(fd)
+        raise OutputDirInUseError(self._in_use_message(holder), holder)
 
     @staticmethod
     def _wait_for_record(read: Callable[[], bytes]) -> dict[str, Any] | None:
@@ -405,7 +340,7 @@ class OutputDirLock:
             time.sleep(0.01)
         return None
 
-    def _in_use_message(self, holder: dict[str, Any] | None, lock: str | None = None) -> str:
+    def _in_use_message(self, holder: dict[str, Any] | None) -> str:
         who = (
             f"pid {holder.get('pid')} on host {holder.get('host')}"
             + (f", started {holder['started']}" if holder.get("started") else "")
@@ -414,7 +349,7 @@ class OutputDirLock:
         )
         return (
             f"output_dir={self.output_dir!r} is in use by another training run ({who}; locked: "
-            f"{lock or self.path}). Two runs writing one output_dir overwrite and rotate away each other's "
+            f"{self.path}). Two runs writing one output_dir overwrite and rotate away each other's "
             "checkpoints. Wait for that run to finish or stop it, or choose another output_dir."
         )
 
@@ -430,21 +365,27 @@ class OutputDirLock:
         return self
 
     def release(self) -> None:
-        """Drop the lock; only what this process locked is changed (its record, its own lock file)."""
+        """Drop the lock; only what this process locked is changed (its record)."""
         fd, self._fd = self._fd, None
-        if fd is None:
+        lock, self._file_lock = self._file_lock, None
+        file_fd, self._file_fd = self._file_fd, None
+        if fd is None and lock is None:
             return
-        _held_fds.discard(fd)
         _locked_folders.pop(os.path.abspath(self.output_dir), None)
+        self.locked = False
+        if lock is not None:
+            with contextlib.suppress(OSError):  # no record left behind for the next contender to read
+                if file_fd is not None:
+                    os.ftruncate(file_fd, 0)
+            lock.release()
+            return
+        assert fd is not None
+        _held_fds.discard(fd)
         try:
             with contextlib.suppress(OSError):
-                if not self._is_file:
-                    os.removexattr(fd, RECORD_ATTR)
-                elif _same_file(fd, self.path):  # while still locked: a waiter re-checks the inode
-                    os.unlink(self.path)
+                os.removexattr(fd, RECORD_ATTR)
         finally:
             os.close(fd)  # closing the descriptor releases the flock
-            self.locked = False
 
     def __enter__(self) -> OutputDirLock:
         return self.acquire()
