@@ -86,7 +86,7 @@ class TrainerAPI(TrainerSetup):
 
     @property
     def accelerator(self) -> RuntimeAccelerator:
-        """accelerate's `Accelerator` surface over this Trainer's runtime and run (accelerator_facade.py)."""
+        """accelerate's `Accelerator` surface over this Trainer's runtime and run (distributed/accelerator.py)."""
         return self._accelerator
 
     @accelerator.setter
@@ -558,7 +558,7 @@ class TrainerAPI(TrainerSetup):
 
     # ------------------------------------------------------------------ hyperparameter search
     def hyperparameter_search(self, *args: Any, **kwargs: Any):
-        """Search hyperparameters with optuna or Ray Tune (see `trainwright.loop.search.hpo`, `hpo_ray`)."""
+        """Search hyperparameters with optuna or Ray Tune (see `trainwright.loop.search.hpo`, `.ray_tune`)."""
         from trainwright.loop.search.hpo import run_hyperparameter_search
 
         return run_hyperparameter_search(_whole(self), *args, **kwargs)

@@ -3,7 +3,7 @@
 It is built once per call (`prediction.build_evaluation`) from what it needs, never the Trainer:
 the per-batch step (the Trainer's `prediction_step`, the upstream hook, bound to the model and the
 call's arguments), the batches cut to their real samples with the stop check in them
-(`eval_batches.real_batches`), the gatherer of outputs, and what is decided once: logits
+(`batches.real_batches`), the gatherer of outputs, and what is decided once: logits
 preprocessed or not, metrics per batch or at the end, the model's inputs kept for metrics or not.
 `run()` is the loop.
 """

@@ -1,6 +1,6 @@
 """Hyperparameter search (`Trainer.hyperparameter_search`): the dispatcher and the optuna backend.
 
-Backends: "optuna" (this module) and "ray" (`hpo_ray`, Ray Tune). Each trial copies the search's
+Backends: "optuna" (this module) and "ray" (`ray_tune.py`, Ray Tune). Each trial copies the search's
 starting arguments, applies the trial's values to the copy (which re-runs the arguments'
 validation), trains a fresh model from `model_init`, and returns the objective computed from the
 evaluation metrics. Intermediate evaluations are reported to the backend, so that an optuna pruner
