@@ -149,6 +149,28 @@ def test_lock_file_beside_the_folder_in_one_process(tmp_path, no_folder_flock):
         assert again.locked
 
 
+@pytest.mark.parametrize("folder_flock", [True, False], ids=["folder", "beside"])
+def test_a_forked_worker_holds_no_copy_of_the_lock(tmp_path, request, folder_flock):
+    # a dataloader worker that outlives a killed trainer must not keep the output_dir locked (the
+    # folder's descriptor: closed by output_lock's at-fork hook; the file beside it: by filelock's)
+    if not folder_flock:
+        request.getfixturevalue("no_folder_flock")
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    with OutputDirLock(out) as held:
+        fd = held._fd if folder_flock else held._file_fd
+        assert fd is not None
+        pid = os.fork()
+        if pid == 0:  # the worker: its copy of the lock's descriptor is closed
+            try:
+                os.fstat(fd)
+            except OSError:
+                os._exit(0)
+            os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_the_record_names_the_holder_and_goes_with_the_lock(tmp_path):
     out = str(tmp_path / "out")
     os.makedirs(out)

@@ -24,8 +24,8 @@ release, as filelock leaves it (unlinking a locked file would split contenders a
 neither can be locked (no `fcntl`, a filesystem without locks, a parent folder that cannot be written)
 a warning says so once and training goes on unlocked.
 
-Forked children (dataloader workers) close their copy of the held descriptor, so a worker outliving a
-killed trainer does not hold the lock. With several processes the outcome is shared, so every rank
+Forked children (dataloader workers) close their copy of the held descriptor (the folder's here, the
+file's by filelock's own at-fork hook), so a worker outliving a killed trainer does not hold the lock. With several processes the outcome is shared, so every rank
 raises the same error. Two writers that share a filesystem and both pass `save_on_each_node=True`
 (several nodes, one shared output_dir) take the same lock: the second node's run is refused, as their
 checkpoints would collide.
