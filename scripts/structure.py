@@ -10,7 +10,7 @@ Prints, for the Trainer and the code around it:
 * Trainer attributes first set outside `__init__` (written by a method or another module, not in
   `__init__`; class-level constants that nothing writes are not state);
 * sites in other modules that write a Trainer attribute (`trainer.x = ...`, `setattr(trainer, ...)`,
-  `trainer.__dict__`), and functions outside the Trainer's files that take the whole `trainer`;
+  `trainer.__dict__`) (who takes or holds the Trainer and the run: `scripts/holders.py`);
 * lines and branch points of the evaluation's functions (`EVAL_PATH`);
 * writes to a `TrainingRun`'s fields from other modules (`run.x = ...`);
 * the loop files, besides the plug-in table, that name an optional feature (`PLUGIN_NAMES`): what a
@@ -275,20 +275,6 @@ def other_module_writes(src: Path) -> list[tuple[str, str]]:
     return sites
 
 
-def functions_taking_trainer(src: Path) -> list[str]:
-    skip = _trainer_files(src)
-    found = []
-    for path in sorted(src.rglob("*.py")):
-        if path in skip:
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                params = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
-                if "trainer" in params:
-                    found.append(f"{path.relative_to(src)}:{node.name}")
-    return found
-
-
 def _is_run(node: ast.expr) -> bool:
     """`run`, `self.run`, `self._run` or `trainer._run`: a TrainingRun seen from outside it."""
     if isinstance(node, ast.Name):
@@ -420,9 +406,6 @@ def main() -> None:
     print(f"Trainer attribute writes from other modules: {len(writes)} sites in {len(modules)} modules")
     for attr, site in writes:
         print(f"  {site}: trainer.{attr}")
-    taking = functions_taking_trainer(src)
-    files = {t.partition(":")[0] for t in taking}
-    print(f"functions outside the Trainer's files taking `trainer`: {len(taking)} in {len(files)} files")
     tests = src.parents[1] / "tests"
     if tests.is_dir():
         test_shape(tests, src)
