@@ -110,3 +110,14 @@ def test_a_transformers_model_is_freed_at_once_as_with_transformers_trainer(
         model, optimizer = _gpt2_run(lib, tokenizer, str(tmp_path / lib.__name__ / "run"), lora)
         freed[lib.__name__] = model() is None and optimizer() is None
     assert freed == {"transformers": True, "trainwright": True}
+
+
+def test_the_accelerator_follows_a_search_trials_arguments(make_args):
+    """A search trial's arguments reach `trainer.accelerator` (upstream makes a new accelerator for
+    each trial); the caller's come back after the search."""
+    trainer = _trainer(make_args)
+    trial_args = make_args(max_steps=3, gradient_accumulation_steps=4)
+    with trainer._hp_search_scope("optuna", None):
+        trainer._set_trial_args(trial_args)
+        assert trainer.accelerator.gradient_accumulation_steps == 4
+    assert trainer.accelerator.gradient_accumulation_steps == 1
