@@ -40,10 +40,11 @@ from trainwright.checkpoint.rng import LOOK_AHEAD, RngState, saved_look_ahead
 from trainwright.checkpoint.weights import model_state_dict
 from trainwright.core.events import CallbackHandler
 from trainwright.core.modules import is_peft_model
-from trainwright.core.state import ExportableState, LoopCursor, TrainerControl, TrainerState
+from trainwright.core.state import LoopCursor, TrainerControl, TrainerState
 from trainwright.data.kinds import fingerprint
 from trainwright.data.look_ahead import batch_from_state
 from trainwright.loop import resume
+from trainwright.loop.callback_states import callback_states, restore_callback_states
 from trainwright.loop.run import TrainingRun
 
 logger = logging.getLogger(__name__)
@@ -73,8 +74,7 @@ class CheckpointedTrainer(Protocol):
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None: ...
     def _load_rng_state(self, checkpoint: str | None) -> None: ...
 
-    # read by loop/checkpointer.py only
-    hp_search_backend: str | None
+    hp_search_backend: str | None  # this and below: read by loop/checkpointer.py only
 
     def store_flos(self) -> None: ...
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None: ...
@@ -153,17 +153,15 @@ def build_parts(
 
 
 def overridden(cls: type, name: str) -> bool:
-    """Whether a subclass overrides method `name` of the class that first defines it (the Trainer's
-    hooks: then it is called as upstream calls it): two classes of `cls`'s MRO define it."""
+    """Whether a subclass overrides method `name` of the class that defines it: two classes of the MRO do."""
     return sum(name in vars(c) for c in cls.__mro__) > 1
 
 
 # ---------------------------------------------------------------------- the model
 @dataclasses.dataclass(frozen=True)
 class ModelHooks:
-    """The Trainer's overridable model hooks, bound: `save` (`_save`), `save_model` (only where a
-    subclass overrides it: then a checkpoint calls it as upstream does) and `load`
-    (`_load_from_checkpoint`)."""
+    """The Trainer's model hooks, bound: `_save`, `_load_from_checkpoint`, and `save_model` where a
+    subclass overrides it (a checkpoint then calls it as upstream does)."""
 
     save: Callable[..., None]
     load: Callable[[str], None]
@@ -236,9 +234,8 @@ def model_files(
     restore_from: str | None,
     engine_parts: dict[str, Any],
 ) -> ModelFiles:
-    """The "model" part beside the engine's parts: only the description where the engine holds the
-    weights in its own format, or its parts do (DCP folders, DeepSpeed's checkpoint); a save's
-    weights gathered now, on every rank (DeepSpeed ZeRO-3)."""
+    """The "model" part beside the engine's (only the description where those hold the weights); a
+    save's weights gathered now, on every rank (ZeRO-3)."""
     describe_only = engine.weights_in_own_format or any(
         getattr(p, "holds_weights", False) for p in engine_parts.values()
     )
@@ -265,8 +262,8 @@ class BaseModelPart:
     def check(self, saved: dict[str, Any] | None, folder: str) -> None:
         resume.check_base_model(self.model, saved, folder)
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Nothing to restore: the base model is this run's own, checked to be the checkpoint's."""
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # nothing to restore: it was checked
+        pass
 
 
 def write_model(
@@ -601,49 +598,3 @@ _RESUMED_STATE = (
     "trial_name",
     "trial_params",
 )
-
-
-# ---------------------------------------------------------------------- callbacks' state
-def callback_states(handler: CallbackHandler, control: TrainerControl) -> dict[str, Any]:
-    """{ClassName: {"args", "attributes"}} of callbacks that export state, plus TrainerControl."""
-    states: dict[str, Any] = {}
-    for cb in [*handler.callbacks, control]:
-        if not isinstance(cb, ExportableState) or not callable(getattr(cb, "state", None)):
-            continue
-        name = type(cb).__name__
-        if name in states:
-            existing = states[name]
-            states[name] = [*(existing if isinstance(existing, list) else [existing]), cb.state()]
-        else:
-            states[name] = cb.state()
-    return states
-
-
-def restore_callback_states(
-    handler: CallbackHandler, control: TrainerControl, saved: dict[str, Any], full: bool = False
-) -> None:
-    """Put saved attributes back into the live callbacks of the same class (by order for several
-    of one class). With `full` (`restore_callback_states_from_checkpoint`) constructor args and the
-    TrainerControl come back too, as upstream does."""
-    by_class: dict[str, list] = {}
-    for cb in handler.callbacks:
-        by_class.setdefault(type(cb).__name__, []).append(cb)
-    for name, value in saved.items():
-        entries = value if isinstance(value, list) else [value]
-        if name == "TrainerControl":
-            if full:
-                for k, v in entries[0].get("args", {}).items():
-                    setattr(control, k, v)
-            continue
-        live = by_class.get(name, [])
-        if not live:
-            logger.warning("Checkpoint has state for callback %s, which this Trainer does not have.", name)
-            continue
-        for cb, entry in zip(live, entries):
-            if full:
-                new = type(cb)(**entry.get("args", {}))
-                handler.remove_callback(cb)
-                handler.add_callback(new)
-                cb = new
-            for k, v in entry.get("attributes", {}).items():
-                setattr(cb, k, v)

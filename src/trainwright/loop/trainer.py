@@ -27,7 +27,7 @@ from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import TrainerState
 from trainwright.distributed import context_parallel
 from trainwright.loop import batch_size_finder, plugins, resume
-from trainwright.loop.checkpoint_parts import callback_states
+from trainwright.loop.callback_states import callback_states
 from trainwright.loop.checkpointer import Checkpointer
 from trainwright.loop.eval import hooks as prediction
 from trainwright.loop.hub import push as hub
