@@ -281,3 +281,17 @@ def test_iterable_dataset_state_resumes_without_skipping():
 def test_a_resumed_iterable_that_ends_before_its_saved_position_is_refused():
     with pytest.raises(ValueError, match="data ended after 2 of the 5 batches.*ignore_data_skip=True"):
         skip_iterable(DataLoader(list(range(4)), batch_size=2), 5)
+
+
+def test_the_batch_seeding_holds_the_loaders_values_not_the_loader():
+    """The tagged batch sampler (held by a persistent-worker loader's iterator) is built from the
+    loader's seed, rank and epoch source: no reference back to the loader, and it still seeds by the
+    epoch the loader selects."""
+    loader = EpochSeededDataLoader(list(range(8)), seed=3, batch_size=2, num_workers=1)
+    loader.set_epoch(2)
+    batches = loader._index_sampler
+    seeds = [batch.seed for batch in batches]
+    ref = weakref.ref(loader)
+    del loader
+    assert ref() is None  # freed at once: nothing points back at it
+    assert [batch.seed for batch in batches] == seeds and len(set(seeds)) == 4

@@ -10,7 +10,6 @@ import hashlib
 import itertools
 import random
 import warnings
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -45,28 +44,39 @@ class _SeededBatch(list):
         self.seed = seed
 
 
-class _SeededBatches:
-    """Wraps the loader's batch sampler: tags each batch with a seed from its place in the epoch."""
+class _Epochs:
+    """A loader's epoch: `getter()` when given, else the sampler's `epoch`, else the last `set_epoch`
+    value. Shared by the loader and its batch seeding, which reads it at iteration time."""
 
-    def __init__(self, batches: Any, loader: EpochSeededDataLoader) -> None:
-        self.batches = batches
-        # A weak reference: a persistent-worker loader holds its iterator, which holds this; a
-        # strong cycle would keep the workers alive until the garbage collector runs.
-        self._loader = weakref.ref(loader)
+    __slots__ = ("getter", "sampler", "selected")
+
+    def __init__(self, getter: Callable[[], int] | None, sampler: Any) -> None:
+        self.getter, self.sampler, self.selected = getter, sampler, 0
+
+    def __call__(self) -> int:
+        if self.getter is not None:
+            return int(self.getter())
+        return int(getattr(self.sampler, "epoch", self.selected))
+
+
+class _SeededBatches:
+    """Wraps the loader's batch sampler: tags each batch with a seed from its place in the epoch.
+    Built from the loader's values (its seed, rank and epoch source), not the loader: a
+    persistent-worker loader holds its iterator, which holds this."""
+
+    def __init__(self, batches: Any, epochs: _Epochs, seed: int, rank: int) -> None:
+        self.batches, self.epochs, self.seed, self.rank = batches, epochs, seed, rank
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __iter__(self) -> Iterator[_SeededBatch]:
-        loader = self._loader()
-        if loader is None:
-            raise RuntimeError("the DataLoader of this batch sampler no longer exists")
         # Read at iteration time: persistent workers re-iterate this same object every epoch.
-        epoch, sampler = loader.epoch, loader.sampler
+        epoch, sampler = self.epochs(), self.epochs.sampler
         position = int(getattr(sampler, "start", 0))
-        rank = int(getattr(sampler, "rank", loader.rank))
+        rank = int(getattr(sampler, "rank", self.rank))
         for batch in self.batches:
-            yield _SeededBatch(batch, _derive_seed("batch", loader.seed, epoch, rank, position))
+            yield _SeededBatch(batch, _derive_seed("batch", self.seed, epoch, rank, position))
             position += len(batch)
 
 
@@ -161,8 +171,6 @@ class EpochSeededDataLoader(DataLoader):
             raise ValueError("EpochSeededDataLoader owns its generator; pass seed= instead of generator=.")
         self.seed = int(seed)
         self.rank = rank
-        self._epoch_getter = epoch_getter
-        self._epoch = 0
         # an iteration has started (in this process, or, where a resume says so, in the run it
         # continues): with persistent workers torch draws its base seed at the first one only
         self.started = False
@@ -172,16 +180,15 @@ class EpochSeededDataLoader(DataLoader):
             worker_init_fn=_WorkerSetup(worker_init_fn, preemption_signals),
             **kwargs,
         )
+        self._epochs = _Epochs(epoch_getter, self.sampler)
 
     @property
     def epoch(self) -> int:
-        if self._epoch_getter is not None:
-            return int(self._epoch_getter())
-        return int(getattr(self.sampler, "epoch", self._epoch))
+        return self._epochs()
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch; forwarded to the sampler and to an iterable dataset that takes it."""
-        self._epoch = int(epoch)
+        self._epochs.selected = int(epoch)
         obj: Any
         for obj in (self.sampler, self.dataset if is_iterable_dataset(self.dataset) else None):
             if callable(getattr(obj, "set_epoch", None)):
@@ -193,7 +200,7 @@ class EpochSeededDataLoader(DataLoader):
         # keeps `batch_size`, `batch_sampler` and `drop_last` their usual public meaning.
         batches = super()._index_sampler
         if self.num_workers > 0 and self._auto_collation and not is_iterable_dataset(self.dataset):
-            return _SeededBatches(batches, self)
+            return _SeededBatches(batches, self._epochs, self.seed, self.rank)
         return batches
 
     # ignore[override]: with a timeout the iterator is wrapped (to name the timeout), so it is an

@@ -13,7 +13,7 @@ import contextlib
 import functools
 import weakref
 from collections.abc import Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,47 +36,36 @@ _ANSWERS = (
 )
 
 
-class _Owner(Protocol):
-    """What the accelerator reads of its Trainer (each attribute at the time of the call)."""
-
-    runtime: Any
-    args: Any
-    model: nn.Module
-    _run: Any
-
-
 class RuntimeAccelerator:
-    """What code written against accelerate uses of `trainer.accelerator`, over the Trainer's runtime."""
+    """What code written against accelerate uses of `trainer.accelerator`, over the Trainer's runtime.
 
-    def __init__(self, owner: _Owner) -> None:
-        # weak: the Trainer holds this, and a cycle would keep its model and optimizer alive after
-        # `del trainer` until the next full garbage collection
-        self._owner_ref = weakref.ref(owner)
+    Built from values, as accelerate's `Accelerator` is: the runtime and the arguments; the Trainer
+    hands it what it prepares (`follow`: the trained model and its wrapper, the run while train()
+    runs). It holds no Trainer, and the trained models only weakly (as the loaders `prepare` made),
+    so a user's `accelerator` keeps no model alive after `del trainer`."""
+
+    def __init__(self, runtime: Any, args: Any) -> None:
+        self._runtime, self._args = runtime, args
+        self._run: Any = None  # the training run while train() runs
         self._even_batches: bool | None = None  # set by a library (None: accelerator_config's)
         self._loaders: weakref.WeakSet[Any] = weakref.WeakSet()  # the loaders prepare() made
+        self._trained: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # the Trainer's model (and wrapper)
+
+    def follow(self, args: Any, run: Any = None, models: tuple[nn.Module, ...] = ()) -> None:
+        """The Trainer's arguments (a search trial's), its run while train() runs (None after), and
+        the model it trains with its wrapper (`prepare_model` returns those as they are)."""
+        self._args, self._run = args, run
+        self._trained = weakref.WeakSet(models)
 
     def __getstate__(self) -> dict[str, Any]:
-        # pickled with its Trainer (ray's search ships the Trainer to its workers); pickle keeps the cycle
-        return {"owner": self._owner, "even_batches": self._even_batches}
+        # pickled with its Trainer (ray's search ships the Trainer to its workers): the weak sets
+        # are not pickled (the Trainer hands its model again when train() starts)
+        return {"runtime": self._runtime, "args": self._args, "even_batches": self._even_batches}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._owner_ref = weakref.ref(state["owner"])
+        self._runtime, self._args, self._run = state["runtime"], state["args"], None
         self._even_batches = state.get("even_batches")
-        self._loaders = weakref.WeakSet()
-
-    @property
-    def _owner(self) -> _Owner:
-        owner = self._owner_ref()
-        if owner is None:
-            raise RuntimeError(
-                "trainer.accelerator was used after its Trainer was deleted; keep the Trainer "
-                "(not only its accelerator) while you use it."
-            )
-        return owner
-
-    @property
-    def _runtime(self) -> Any:
-        return self._owner.runtime
+        self._loaders, self._trained = weakref.WeakSet(), weakref.WeakSet()
 
     # -- process facts ---------------------------------------------------------------------------
     @property
@@ -110,29 +99,29 @@ class RuntimeAccelerator:
     @property
     def state(self) -> process_state.ProcessState:
         """accelerate's `AcceleratorState` facts (distributed type, plugins: see args/process_state.py)."""
-        return process_state.process_state(self._owner.args)
+        return process_state.process_state(self._args)
 
     @property
     def distributed_type(self) -> process_state.DistributedType:
-        return process_state.distributed_type(self._owner.args)
+        return process_state.distributed_type(self._args)
 
     @property
     def mixed_precision(self) -> str:
-        return process_state.mixed_precision(self._owner.args)
+        return process_state.mixed_precision(self._args)
 
     @property
     def parallelism_config(self) -> Any:
         """The arguments' `parallelism_config` (accelerate's field names and `*_enabled` facts), or None."""
-        return self._owner.args.parallelism_config
+        return self._args.parallelism_config
 
     @property
     def dataloader_config(self) -> Any:
         """The arguments' `accelerator_config` (`split_batches`, `dispatch_batches`, `even_batches`,
         `use_seedable_sampler`): a change to it applies to the data loaders built afterwards."""
-        return self._owner.args.accelerator_config
+        return self._args.accelerator_config
 
     def _data_setting(self, name: str, default: Any) -> Any:
-        config = self._owner.args.accelerator_config
+        config = self._args.accelerator_config
         return getattr(config, name, default) if config is not None else default
 
     @property
@@ -166,13 +155,13 @@ class RuntimeAccelerator:
 
     @property
     def gradient_accumulation_steps(self) -> int:
-        return self._owner.args.gradient_accumulation_steps
+        return self._args.gradient_accumulation_steps
 
     @property
     def sync_gradients(self) -> bool:
         """False while a micro-batch that is not its step's last is trained, else True (accelerate's
         meaning: gradients are synchronised and the optimizer steps after this backward)."""
-        run = self._owner._run
+        run = self._run
         return run is None or run.at_step_boundary()
 
     # -- collectives -----------------------------------------------------------------------------
@@ -231,8 +220,7 @@ class RuntimeAccelerator:
 
         Training a second model is not something trainwright's run does: `evaluation_mode=False`
         over several processes (where accelerate would wrap it in DDP) is refused."""
-        owner = self._owner
-        if model is owner.model or model is getattr(owner, "model_wrapped", None):
+        if model in self._trained:
             return model  # the trained model: the run's engine wraps it when train() starts
         if not evaluation_mode and self._runtime.distributed:
             raise NotImplementedError(
@@ -242,7 +230,7 @@ class RuntimeAccelerator:
             )
         if device_placement is not False and not _spread_over_devices(model):
             model = model.to(self.device)
-        dtype = _autocast_dtype(owner.args)
+        dtype = _autocast_dtype(self._args)
         if dtype is not None and "_original_forward" not in model.__dict__:
             model._original_forward = model.forward  # type: ignore[assignment]
             model.forward = _fp32_outputs(self._runtime, dtype, model.forward)  # type: ignore[method-assign]
@@ -276,10 +264,9 @@ class RuntimeAccelerator:
         batches (a batch sampler's dealt over the processes, an iterable dataset's dispatched from
         process 0, as `accelerator_config` and `even_batches` say), a seedable sampler's order a
         function of the seed and the epoch, on this process's device unless `device_placement=False`."""
-        owner = self._owner
         device = None if device_placement is False else self.device
         prepared = prepare_loader(
-            data_loader, owner.args, self._runtime, device, self.even_batches, owner.args.data_seed
+            data_loader, self._args, self._runtime, device, self.even_batches, self._args.data_seed
         )
         self._loaders.add(prepared)
         return prepared
@@ -290,12 +277,12 @@ class RuntimeAccelerator:
             raise NotImplementedError(
                 "trainer.accelerator.autocast(autocast_handler=...): trainwright autocasts as `bf16` / `fp16` say."
             )
-        return self._runtime.autocast(_autocast_dtype(self._owner.args))
+        return self._runtime.autocast(_autocast_dtype(self._args))
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """The run's backward (fp16 scaling, DeepSpeed's engine), or `loss.backward()` outside train()."""
-        run = self._owner._run
-        if run is not None and self._owner.is_in_train:  # type: ignore[attr-defined]
+        run = self._run
+        if run is not None:  # train() is running
             if kwargs:
                 raise NotImplementedError(
                     f"trainer.accelerator.backward(loss, {', '.join(kwargs)}=...) during train()"

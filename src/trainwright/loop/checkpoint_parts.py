@@ -24,8 +24,10 @@ own `check(saved, folder)` (the manager runs every check before anything is load
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -38,17 +40,20 @@ from trainwright.checkpoint.rng import LOOK_AHEAD, RngState, saved_look_ahead
 from trainwright.checkpoint.weights import model_state_dict
 from trainwright.core.events import CallbackHandler
 from trainwright.core.modules import is_peft_model
-from trainwright.core.state import ExportableState, LoopCursor, TrainerControl, TrainerState
+from trainwright.core.state import LoopCursor, TrainerControl, TrainerState
 from trainwright.data.kinds import fingerprint
 from trainwright.data.look_ahead import batch_from_state
 from trainwright.loop import resume
+from trainwright.loop.callback_states import callback_states, restore_callback_states
 from trainwright.loop.run import TrainingRun
 
 logger = logging.getLogger(__name__)
 
 
 class CheckpointedTrainer(Protocol):
-    """What checkpoints need of the Trainer (a Protocol, so this module never imports the Trainer)."""
+    """The Trainer as `build_parts` (and the checkpointer) receive it at the call (a Protocol, so this
+    module never imports the Trainer): the values the parts are built from, and the upstream hooks a
+    subclass may override, handed to the parts as bound methods. The parts never hold the Trainer."""
 
     args: Any
     runtime: Any
@@ -62,15 +67,17 @@ class CheckpointedTrainer(Protocol):
     processing_class: Any
     data_collator: Any
     optimizer_cls_and_kwargs: Any
-    hp_search_backend: str | None
     _created_scheduler: bool
 
-    def store_flos(self) -> None: ...
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None: ...
-    def _push_from_checkpoint(self, checkpoint_folder: str) -> None: ...
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None: ...
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None: ...
     def _load_rng_state(self, checkpoint: str | None) -> None: ...
+
+    hp_search_backend: str | None  # this and below: read by loop/checkpointer.py only
+
+    def store_flos(self) -> None: ...
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None: ...
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None: ...
     def _overrides(self, name: str) -> bool: ...
     def _get_output_dir(self, trial: Any) -> str: ...
@@ -82,32 +89,61 @@ def build_parts(
     trainer: CheckpointedTrainer, run: TrainingRun, *, main: bool, restore_from: str | None = None
 ) -> dict[str, Any]:
     """The mapping of parts of a checkpoint of this run: to save now (every rank calls it: the loss
-    windows are gathered), or to restore folder `restore_from`."""
-    args, engine = trainer.args, run.engine
+    windows are gathered), or to restore folder `restore_from`. The one place the Trainer hands its
+    values in: each part is built from what it reads."""
+    args, engine, model = trainer.args, run.engine, trainer.model
     with_optimizer = not args.save_only_model
     engine_parts = engine.checkpoint_parts(with_optimizer, restore_from)
     if "optimizer" in engine_parts:
-        engine_parts["optimizer"] = OptimizerPart(trainer, engine_parts["optimizer"])
+        custom = trainer.optimizer_cls_and_kwargs is not None
+        engine_parts["optimizer"] = OptimizerPart(args, engine_parts["optimizer"], custom)
     windows = None
     if restore_from is None:
         trainer.state.stateful_callbacks = callback_states(trainer.callback_handler, trainer.control)
         windows = run.gather_loss_windows(trainer.state.global_step)
-    parts: dict[str, Any] = {"model": ModelFiles(trainer, run, main, restore_from, engine_parts)}
-    if is_peft_model(trainer.model):
-        parts["base_model"] = BaseModelPart(trainer)
+    hooks = ModelHooks(  # bound: a subclass's override is what runs
+        save=trainer._save,
+        load=trainer._load_from_checkpoint,
+        save_model=trainer.save_model if overridden(type(trainer), "save_model") else None,
+    )
+    describe = functools.partial(
+        write_model,
+        model=model,
+        args=args,
+        processing_class=trainer.processing_class,
+        data_collator=trainer.data_collator,
+        weights=False,
+    )  # the config, arguments and processing class, where the engine's parts hold the weights
+    parts: dict[str, Any] = {
+        "model": model_files(model, describe, hooks, engine, main, restore_from, engine_parts)
+    }
+    if is_peft_model(model):
+        parts["base_model"] = BaseModelPart(model)
     parts.update(engine_parts)
     data_state = DataState(trainer, run, windows)
     if with_optimizer or restore_from is not None:  # a scheduler.pt is restored even without the optimizer
-        parts["scheduler"] = SchedulerPart(trainer, run, data_state)
+
+        def replace(scheduler: Any) -> None:  # a rebuilt schedule becomes the Trainer's
+            trainer.lr_scheduler = scheduler
+
+        parts["scheduler"] = SchedulerPart(
+            args,
+            trainer.lr_scheduler,
+            trainer.optimizer,
+            trainer._created_scheduler,
+            replace,
+            run,
+            data_state,
+        )
     if with_optimizer:
         if trainer.scaler is not None:
             parts["scaler"] = trainer.scaler
-        parts["rng"] = RngPart(trainer, run, data_state)
+        parts["rng"] = RngPart(trainer._load_rng_state, trainer.runtime, run, data_state)
         ahead = run.look_ahead
         if restore_from is not None or (ahead.holds() and not ahead.captures):
             parts["batch_in_hand"] = BatchInHand(run, data_state)
     parts["data_state"] = data_state
-    parts["trainer_state"] = TrainerStateFile(trainer)
+    parts["trainer_state"] = TrainerStateFile(trainer.state, trainer.callback_handler, trainer.control, args)
     for cb in trainer.callback_handler.callbacks:  # callbacks that are checkpoint parts of their own
         name = getattr(cb, "checkpoint_part", None)
         if name is not None:
@@ -116,7 +152,22 @@ def build_parts(
     return parts
 
 
+def overridden(cls: type, name: str) -> bool:
+    """Whether a subclass overrides method `name` of the class that defines it: two classes of the MRO do."""
+    return sum(name in vars(c) for c in cls.__mro__) > 1
+
+
 # ---------------------------------------------------------------------- the model
+@dataclasses.dataclass(frozen=True)
+class ModelHooks:
+    """The Trainer's model hooks, bound: `_save`, `_load_from_checkpoint`, and `save_model` where a
+    subclass overrides it (a checkpoint then calls it as upstream does)."""
+
+    save: Callable[..., None]
+    load: Callable[[str], None]
+    save_model: Callable[..., None] | None = None
+
+
 class ModelFiles:
     """The "model" part: weights (or, where the engine holds them in its own format, the model's
     config only), training_args.json and the processing class, through the Trainer's overridable
@@ -125,39 +176,37 @@ class ModelFiles:
 
     def __init__(
         self,
-        trainer: CheckpointedTrainer,
-        run: TrainingRun,
+        model: nn.Module,
+        describe: Callable[[str], None],
+        hooks: ModelHooks,
         main: bool,
-        restore_from: str | None,
-        engine_parts: dict[str, Any],
+        describe_only: bool,
+        weights: dict | None = None,
     ) -> None:
-        self.trainer, self.main = trainer, main
-        engine = run.engine
+        self.model, self.describe, self.hooks, self.main = model, describe, hooks, main
         # FSDP2: the DCP folders hold the weights; restoring DCP or DeepSpeed's checkpoint loads them
-        self.describe_only = engine.weights_in_own_format or any(
-            getattr(p, "holds_weights", False) for p in engine_parts.values()
-        )
-        self.custom = trainer._overrides("save_model")
-        self.weights: dict | None = None
-        if restore_from is None and not (self.custom or self.describe_only):
-            self.weights = engine.full_state_dict()  # DeepSpeed ZeRO-3 gathers now, on every rank
+        self.describe_only = describe_only
+        self.custom = hooks.save_model is not None
+        self.weights = weights
 
     def save(self, folder: str) -> None:
         if self.main and self.describe_only:
-            write_model(self.trainer, folder, weights=False)
-        elif self.custom:  # a subclass's save_model is called as upstream calls it, on every rank
-            self.trainer.save_model(folder, _internal_call=True)
+            self.describe(folder)
+        elif (
+            self.hooks.save_model is not None
+        ):  # a subclass's save_model, called as upstream calls it, on every rank
+            self.hooks.save_model(folder, _internal_call=True)
         elif self.main:  # what save_model(_internal_call=True) does, without gathering the weights again
-            self.trainer._save(folder, state_dict=self.weights)
+            self.hooks.save(folder, state_dict=self.weights)
 
     def check(self, saved: Any, folder: str) -> None:
         """A PEFT model resumes from an adapter: a folder without one is refused before anything loads."""
-        if not self.describe_only and is_peft_model(self.trainer.model):
+        if not self.describe_only and is_peft_model(self.model):
             adapters.require_adapter(folder)
 
     def load(self, folder: str) -> None:
         if not self.describe_only:
-            self.trainer._load_from_checkpoint(folder)
+            self.hooks.load(folder)
 
     def stage(self) -> dict | None:
         """For a background write (`async_writer.StagedPart`): the weights `save` would write, taken
@@ -166,14 +215,34 @@ class ModelFiles:
             raise RuntimeError("a subclass's save_model runs as upstream runs it: save synchronously")
         if not self.main or self.describe_only:
             return None
-        return self.weights if self.weights is not None else model_state_dict(self.trainer.model)
+        return self.weights if self.weights is not None else model_state_dict(self.model)
 
     def save_staged(self, folder: str, staged: dict | None, group: Any = None) -> None:
         """`save` from the staged weights, on the writer thread (the same files)."""
         if self.main and self.describe_only:
-            write_model(self.trainer, folder, weights=False)
+            self.describe(folder)
         elif self.main:
-            self.trainer._save(folder, state_dict=staged)
+            self.hooks.save(folder, state_dict=staged)
+
+
+def model_files(
+    model: nn.Module,
+    describe: Callable[[str], None],
+    hooks: ModelHooks,
+    engine: Any,
+    main: bool,
+    restore_from: str | None,
+    engine_parts: dict[str, Any],
+) -> ModelFiles:
+    """The "model" part beside the engine's (only the description where those hold the weights); a
+    save's weights gathered now, on every rank (ZeRO-3)."""
+    describe_only = engine.weights_in_own_format or any(
+        getattr(p, "holds_weights", False) for p in engine_parts.values()
+    )
+    weights = None
+    if restore_from is None and not (hooks.save_model is not None or describe_only):
+        weights = engine.full_state_dict()
+    return ModelFiles(model, describe, hooks, main, describe_only, weights)
 
 
 class BaseModelPart:
@@ -181,59 +250,65 @@ class BaseModelPart:
     fingerprint (`adapters.base_fingerprint`) of the base model its adapters were trained on. Nothing
     is restored from it: its check refuses a resume onto another base (`resume.check_base_model`)."""
 
-    def __init__(self, trainer: CheckpointedTrainer) -> None:
-        self.trainer = trainer
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
 
     def state_dict(self) -> dict[str, Any]:
-        model = self.trainer.model
         return {
-            "base_model_name_or_path": adapters.base_model_name(model),
-            "fingerprint": adapters.base_fingerprint(model),
+            "base_model_name_or_path": adapters.base_model_name(self.model),
+            "fingerprint": adapters.base_fingerprint(self.model),
         }
 
     def check(self, saved: dict[str, Any] | None, folder: str) -> None:
-        resume.check_base_model(self.trainer.model, saved, folder)
+        resume.check_base_model(self.model, saved, folder)
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Nothing to restore: the base model is this run's own, checked to be the checkpoint's."""
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # nothing to restore: it was checked
+        pass
 
 
 def write_model(
-    trainer: CheckpointedTrainer, directory: str, weights: bool = True, state_dict: dict | None = None
+    directory: str,
+    model: nn.Module,
+    args: Any,
+    processing_class: Any = None,
+    data_collator: Any = None,
+    weights: bool = True,
+    state_dict: dict | None = None,
 ) -> None:
-    """Weights (or, without them, the model's config), training_args.json and the processing class."""
-    config: Any = getattr(trainer.model, "config", None)
+    """Weights (or, without them, the model's config), training_args.json and the processing class
+    (else the collator's tokenizer)."""
+    config: Any = getattr(model, "config", None)
     if weights:
         ckpt.save_model_weights(
-            trainer.model, directory, max_shard_size=trainer.args.save_max_shard_size, state_dict=state_dict
+            model, directory, max_shard_size=args.save_max_shard_size, state_dict=state_dict
         )
     elif hasattr(config, "save_pretrained"):
         config.save_pretrained(directory)  # sharded weights: still describe the model
-    saved_args = trainer.args.to_dict()
+    saved_args = args.to_dict()
     # how a checkpoint is written, not what it holds: the same bytes either way
     saved_args.pop("async_save", None)
     ckpt.write_training_args(directory, saved_args)  # .json, and upstream's .bin (a plain dict)
-    processing = trainer.processing_class
+    processing = processing_class
     if processing is None:
-        processing = getattr(trainer.data_collator, "tokenizer", None)
+        processing = getattr(data_collator, "tokenizer", None)
     if processing is not None and hasattr(processing, "save_pretrained"):
         processing.save_pretrained(directory)
 
 
 # ---------------------------------------------------------------------- optimizer, schedule, RNG
 class OptimizerPart:
-    """The torch optimizer, refusing state written by another optimizer before anything loads."""
+    """The torch optimizer, refusing state written by another optimizer before anything loads
+    (`custom`: the Trainer was given `optimizer_cls_and_kwargs`)."""
 
-    def __init__(self, trainer: CheckpointedTrainer, optimizer: torch.optim.Optimizer) -> None:
-        self.trainer, self.optimizer = trainer, optimizer
+    def __init__(self, args: Any, optimizer: torch.optim.Optimizer, custom: bool) -> None:
+        self.args, self.optimizer, self.custom = args, optimizer, custom
 
     def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
 
     def check(self, saved: dict[str, Any] | None, folder: str) -> None:
         if saved is not None:
-            custom = self.trainer.optimizer_cls_and_kwargs is not None
-            resume.check_optimizer_matches(self.trainer.args, self.optimizer, saved, folder, custom)
+            resume.check_optimizer_matches(self.args, self.optimizer, saved, folder, self.custom)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(resume.align_empty_groups(state_dict, self.optimizer))
@@ -243,45 +318,64 @@ class SchedulerPart:
     """The Trainer's learning-rate scheduler; on restore the checkpoint's schedule continues: a
     Trainer-made scheduler is rebuilt from the checkpoint's schedule arguments, over this run's
     steps, or over the steps the data state's check re-sized them to (a resume in another batch
-    geometry), keeping the rates the optimizer holds."""
+    geometry), keeping the rates the optimizer holds; `replace` hands the rebuilt one to its owner."""
 
-    def __init__(self, trainer: CheckpointedTrainer, run: TrainingRun, data_state: DataState) -> None:
-        self.trainer, self.run, self.data_state = trainer, run, data_state
+    def __init__(
+        self,
+        args: Any,
+        scheduler: Any,
+        optimizer: torch.optim.Optimizer | None,
+        trainer_made: bool,
+        replace: Callable[[Any], None],
+        run: TrainingRun,
+        data_state: DataState,
+    ) -> None:
+        self.args, self.scheduler, self.optimizer = args, scheduler, optimizer
+        self.trainer_made, self.replace = trainer_made, replace
+        self.run, self.data_state = run, data_state
         self.folder = ""
 
     def state_dict(self) -> dict[str, Any]:
-        return self.trainer.lr_scheduler.state_dict()
+        return self.scheduler.state_dict()
 
     def check(self, saved: dict[str, Any] | None, folder: str) -> None:
         self.folder = folder
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        trainer, optimizer = self.trainer, self.trainer.optimizer
+        optimizer = self.optimizer
         if optimizer is not None:
             rates = [group["lr"] for group in optimizer.param_groups]  # the checkpoint's, loaded before
             scheduler = resume.keep_saved_schedule(
-                trainer.args,
-                trainer.lr_scheduler,
+                self.args,
+                self.scheduler,
                 optimizer,
                 self.run.max_steps,  # the data state's check re-sized it where the geometry changed
                 self.folder,
-                trainer._created_scheduler,
+                self.trainer_made,
                 resized=self.data_state.resized_to is not None,
             )
-            if scheduler is not trainer.lr_scheduler:  # a new scheduler sets the rates of its step 0
-                trainer.lr_scheduler = scheduler
+            if scheduler is not self.scheduler:  # a new scheduler sets the rates of its step 0
+                self.scheduler = scheduler
+                self.replace(scheduler)
                 for group, rate in zip(optimizer.param_groups, rates):
                     group["lr"] = rate
-        trainer.lr_scheduler.load_state_dict(state_dict)
+        self.scheduler.load_state_dict(state_dict)
 
 
 class RngPart(RngState):
-    """This process's random generators; restored through the Trainer's `_load_rng_state` hook. Where
-    the run's batch in hand cannot be stored (`BatchInHand`), also the state from before it was
-    fetched (`LOOK_AHEAD`), which the resumed epoch fetches it again from."""
+    """This process's random generators; restored through the Trainer's `_load_rng_state` hook
+    (`load_rng_state`, bound). Where the run's batch in hand cannot be stored (`BatchInHand`), also the
+    state from before it was fetched (`LOOK_AHEAD`), which the resumed epoch fetches it again from."""
 
-    def __init__(self, trainer: CheckpointedTrainer, run: TrainingRun, data_state: DataState) -> None:
-        self.trainer, self.run, self.data_state = trainer, run, data_state
+    def __init__(
+        self,
+        load_rng_state: Callable[[str | None], None],
+        runtime: Any,
+        run: TrainingRun,
+        data_state: DataState,
+    ) -> None:
+        self.load_rng_state, self.runtime = load_rng_state, runtime
+        self.run, self.data_state = run, data_state
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
@@ -291,9 +385,8 @@ class RngPart(RngState):
         return state
 
     def load(self, folder: str) -> None:
-        self.trainer._load_rng_state(folder)
-        runtime = self.trainer.runtime
-        fetched_from = saved_look_ahead(folder, runtime.rank, runtime.world_size)
+        self.load_rng_state(folder)
+        fetched_from = saved_look_ahead(folder, self.runtime.rank, self.runtime.world_size)
         if fetched_from is not None and self.data_state.keeps_batch_in_hand:
             self.run.look_ahead.resume_with(rng=fetched_from)
 
@@ -457,14 +550,16 @@ class DataState:
 
 class TrainerStateFile:
     """The "trainer_state" part: TrainerState as trainer_state.json (the same JSON as `save_to_json`),
-    with the stateful callbacks' state in it."""
+    with the stateful callbacks' state in it, restored into the live callbacks."""
 
-    def __init__(self, trainer: CheckpointedTrainer) -> None:
-        self.trainer = trainer
+    def __init__(
+        self, state: TrainerState, handler: CallbackHandler, control: TrainerControl, args: Any
+    ) -> None:
+        self.state, self.handler, self.control, self.args = state, handler, control, args
         self.folder = ""
 
     def state_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self.trainer.state)
+        return dataclasses.asdict(self.state)
 
     def check(self, saved: dict[str, Any] | None, folder: str) -> None:
         self.folder = folder  # named in the warning about a best checkpoint that is gone
@@ -476,7 +571,7 @@ class TrainerStateFile:
         exists) and the trial; the callbacks' state goes back into the live callbacks."""
         known = {f.name for f in dataclasses.fields(TrainerState)}
         saved = TrainerState(**{k: v for k, v in state_dict.items() if k in known})
-        state = self.trainer.state
+        state = self.state
         for key in _RESUMED_STATE:
             setattr(state, key, getattr(saved, key))
         best = saved.best_model_checkpoint
@@ -486,7 +581,8 @@ class TrainerStateFile:
             )
             best = None
         state.best_model_checkpoint = best
-        restore_callback_states(self.trainer, saved.stateful_callbacks or {})
+        full = self.args.restore_callback_states_from_checkpoint
+        restore_callback_states(self.handler, self.control, saved.stateful_callbacks or {}, full)
 
 
 # TrainerState fields a resume takes from the checkpoint (the others describe this run's arguments)
@@ -502,48 +598,3 @@ _RESUMED_STATE = (
     "trial_name",
     "trial_params",
 )
-
-
-# ---------------------------------------------------------------------- callbacks' state
-def callback_states(handler: CallbackHandler, control: TrainerControl) -> dict[str, Any]:
-    """{ClassName: {"args", "attributes"}} of callbacks that export state, plus TrainerControl."""
-    states: dict[str, Any] = {}
-    for cb in [*handler.callbacks, control]:
-        if not isinstance(cb, ExportableState) or not callable(getattr(cb, "state", None)):
-            continue
-        name = type(cb).__name__
-        if name in states:
-            existing = states[name]
-            states[name] = [*(existing if isinstance(existing, list) else [existing]), cb.state()]
-        else:
-            states[name] = cb.state()
-    return states
-
-
-def restore_callback_states(trainer: CheckpointedTrainer, saved: dict[str, Any]) -> None:
-    """Put saved attributes back into the live callbacks of the same class (by order for several
-    of one class). With `restore_callback_states_from_checkpoint` constructor args and the
-    TrainerControl come back too, as upstream does."""
-    full = trainer.args.restore_callback_states_from_checkpoint
-    by_class: dict[str, list] = {}
-    for cb in trainer.callback_handler.callbacks:
-        by_class.setdefault(type(cb).__name__, []).append(cb)
-    for name, value in saved.items():
-        entries = value if isinstance(value, list) else [value]
-        if name == "TrainerControl":
-            if full:
-                for k, v in entries[0].get("args", {}).items():
-                    setattr(trainer.control, k, v)
-            continue
-        live = by_class.get(name, [])
-        if not live:
-            logger.warning("Checkpoint has state for callback %s, which this Trainer does not have.", name)
-            continue
-        for cb, entry in zip(live, entries):
-            if full:
-                new = type(cb)(**entry.get("args", {}))
-                trainer.callback_handler.remove_callback(cb)
-                trainer.callback_handler.add_callback(new)
-                cb = new
-            for k, v in entry.get("attributes", {}).items():
-                setattr(cb, k, v)

@@ -27,7 +27,7 @@ from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import TrainerState
 from trainwright.distributed import context_parallel
 from trainwright.loop import batch_size_finder, plugins, resume
-from trainwright.loop.checkpoint_parts import callback_states
+from trainwright.loop.callback_states import callback_states
 from trainwright.loop.checkpointer import Checkpointer
 from trainwright.loop.eval import hooks as prediction
 from trainwright.loop.hub import push as hub
@@ -106,6 +106,7 @@ class Trainer(TrainerAPI):
             return output
         finally:
             self.is_in_train = False
+            self._hand_accelerator()  # the run's engine and batches are not the accelerator's to keep
             self._memory_tracker.stop("train")  # no-op when already stopped by a finished run
             if lock is not None:
                 lock.release()
@@ -180,6 +181,7 @@ class Trainer(TrainerAPI):
         self.model_wrapped = self._wrap_model(self.model)  # DDP / FSDP2 (DeepSpeed: in start)
         self.model_wrapped, self.optimizer = run.engine.start(self, max_steps, self.model_wrapped)
         self.scaler = run.engine.scaler  # fp16 grad scaler (DeepSpeed scales itself)
+        self._hand_accelerator(run)
         if resume_path is not None:
             run.checkpointer.restore(resume_path)
         run.start(

@@ -386,6 +386,7 @@ class TrainerAPI(TrainerSetup):
             run.close()
         self._run = None
         self.model_wrapped = self.model  # the failed try's wrapper (DDP buckets, compile) goes
+        self._hand_accelerator()
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
         if self._created_scheduler:
@@ -420,7 +421,14 @@ class TrainerAPI(TrainerSetup):
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         assert output_dir is not None  # TrainingArguments.__post_init__ fills output_dir in
         os.makedirs(output_dir, exist_ok=True)
-        write_model(_whole(self), output_dir, state_dict=state_dict)
+        write_model(
+            output_dir,
+            self.model,
+            self.args,
+            self.processing_class,
+            self.data_collator,
+            state_dict=state_dict,
+        )
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         """Load a checkpoint's weights into `model` (default: the Trainer's)."""
@@ -572,10 +580,12 @@ class TrainerAPI(TrainerSetup):
             yield
         finally:
             self.args, self.hp_search_backend, self._hp_search = base_args, None, None
+            self._hand_accelerator()
 
     def _set_trial_args(self, args: TrainingArguments) -> None:
         """A search trial's arguments (the base arguments with the trial's values)."""
         self.args = args
+        self._hand_accelerator()  # upstream makes a new accelerator for each trial
 
 
 def _whole(part: TrainerSetup) -> Any:

@@ -120,10 +120,10 @@ class TrainerSetup:
         self.runtime = get_runtime(use_cpu=args.use_cpu, backend=args.ddp_backend, timeout_s=args.ddp_timeout)
         process_state.configured_state_agrees(args, self.runtime)
         _check_bf16_device(args, self.runtime)
-        self._accelerator = RuntimeAccelerator(self)
         accelerate_state.share_with_accelerate(args, self.runtime)  # for libraries that read it (TRL)
         # parallelism_config's DeviceMesh, or the layout of a model loaded already sharded: this Trainer's
         self.runtime = parallelism.with_layout(args, self.runtime, model)
+        self._accelerator = RuntimeAccelerator(self.runtime, args)
         _set_log_level(args)
         if DebugOption.TPU_METRICS_DEBUG in args.debug:
             raise ValueError(
@@ -144,6 +144,7 @@ class TrainerSetup:
             model = self.call_model_init()
         self.model = self._place(model)
         self.model_wrapped = self.model
+        self._hand_accelerator()
         self.label_names, self.can_return_loss, self.label_smoother, self._loss_facts = self._model_facts()
         self.processing_class = processing_class
         self.compute_loss_func = compute_loss_func
@@ -206,6 +207,12 @@ class TrainerSetup:
         if self.args.fp16_full_eval or self.args.bf16_full_eval:
             return model  # cast and placed when evaluating
         return model.to(self.runtime.device)
+
+    def _hand_accelerator(self, run: TrainingRun | None = None) -> None:
+        """What `trainer.accelerator` answers from (it holds no Trainer): the arguments, the trained
+        model and its wrapper, and the run while train() runs (None after)."""
+        if isinstance(self._accelerator, RuntimeAccelerator):  # a library may put its own there
+            self._accelerator.follow(self.args, run, (self.model, self.model_wrapped))
 
     def _model_facts(self) -> tuple[list[str], bool, LabelSmoother | None, LossFacts]:
         """(label_names, can_return_loss, label_smoother, loss facts) of `self.model`, as upstream
