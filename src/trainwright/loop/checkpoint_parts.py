@@ -40,9 +40,12 @@ from trainwright.core.events import CallbackHandler
 from trainwright.core.modules import is_peft_model
 from trainwright.core.state import ExportableState, LoopCursor, TrainerControl, TrainerState
 from trainwright.data.kinds import fingerprint
-from trainwright.data.look_ahead import batch_from_state
+from trainwright.data.look_ahead import LookAhead, batch_from_state
 from trainwright.loop import resume
+from trainwright.loop.loss_log import LossLog
+from trainwright.loop.position import Position
 from trainwright.loop.run import TrainingRun
+from trainwright.loop.run_plan import RunPlan
 
 logger = logging.getLogger(__name__)
 
@@ -83,29 +86,27 @@ def build_parts(
 ) -> dict[str, Any]:
     """The mapping of parts of a checkpoint of this run: to save now (every rank calls it: the loss
     windows are gathered), or to restore folder `restore_from`."""
-    args, engine = trainer.args, run.engine
+    args, engine, position = trainer.args, run.engine, run.position
     with_optimizer = not args.save_only_model
     engine_parts = engine.checkpoint_parts(with_optimizer, restore_from)
     if "optimizer" in engine_parts:
         engine_parts["optimizer"] = OptimizerPart(trainer, engine_parts["optimizer"])
-    windows = None
-    if restore_from is None:
-        trainer.state.stateful_callbacks = callback_states(trainer.callback_handler, trainer.control)
-        windows = run.gather_loss_windows(trainer.state.global_step)
+    # every process's unlogged losses (the callbacks' state is the checkpointer's to put in first)
+    windows = run.losses.gather(trainer.state.global_step) if restore_from is None else None
     parts: dict[str, Any] = {"model": ModelFiles(trainer, run, main, restore_from, engine_parts)}
     if is_peft_model(trainer.model):
         parts["base_model"] = BaseModelPart(trainer)
     parts.update(engine_parts)
-    data_state = DataState(trainer, run, windows)
+    data_state = DataState(args, position, run.losses, run.plan, trainer.state, windows)
     if with_optimizer or restore_from is not None:  # a scheduler.pt is restored even without the optimizer
         parts["scheduler"] = SchedulerPart(trainer, run, data_state)
     if with_optimizer:
         if trainer.scaler is not None:
             parts["scaler"] = trainer.scaler
         parts["rng"] = RngPart(trainer, run, data_state)
-        ahead = run.look_ahead
+        ahead = position.look_ahead
         if restore_from is not None or (ahead.holds() and not ahead.captures):
-            parts["batch_in_hand"] = BatchInHand(run, data_state)
+            parts["batch_in_hand"] = BatchInHand(ahead, data_state)
     parts["data_state"] = data_state
     parts["trainer_state"] = TrainerStateFile(trainer)
     for cb in trainer.callback_handler.callbacks:  # callbacks that are checkpoint parts of their own
@@ -263,7 +264,7 @@ class SchedulerPart:
                 trainer.args,
                 trainer.lr_scheduler,
                 optimizer,
-                self.run.max_steps,  # the data state's check re-sized it where the geometry changed
+                self.data_state.max_steps,  # the data state's check re-sized it where the geometry changed
                 self.folder,
                 trainer._created_scheduler,
                 resized=self.data_state.resized_to is not None,
@@ -285,7 +286,7 @@ class RngPart(RngState):
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        ahead = self.run.look_ahead
+        ahead = self.run.position.look_ahead
         if ahead.captures and ahead.holds() and ahead.fetched_from is not None:
             state[LOOK_AHEAD] = ahead.fetched_from
         return state
@@ -295,7 +296,7 @@ class RngPart(RngState):
         runtime = self.trainer.runtime
         fetched_from = saved_look_ahead(folder, runtime.rank, runtime.world_size)
         if fetched_from is not None and self.data_state.keeps_batch_in_hand:
-            self.run.look_ahead.resume_with(rng=fetched_from)
+            self.run.position.look_ahead.resume_with(rng=fetched_from)
 
 
 class BatchInHand:
@@ -303,156 +304,185 @@ class BatchInHand:
     weights-only: the resumed epoch yields it first. Kept only where the resume keeps the saved
     position in the same batches (not with `ignore_data_skip`, another batch size or processes)."""
 
-    def __init__(self, run: TrainingRun, data_state: DataState) -> None:
-        self.run, self.data_state = run, data_state
+    def __init__(self, look_ahead: LookAhead, data_state: DataState) -> None:
+        self.look_ahead, self.data_state = look_ahead, data_state
 
     def state_dict(self) -> dict[str, Any]:
-        return self.run.look_ahead.stored_in_hand()
+        return self.look_ahead.stored_in_hand()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if self.data_state.keeps_batch_in_hand:
-            self.run.look_ahead.resume_with(batch_from_state(state_dict))
+            self.look_ahead.resume_with(batch_from_state(state_dict))
 
 
 # ---------------------------------------------------------------------- position and state
+@dataclasses.dataclass(frozen=True)
+class PositionFinding:
+    """What the data state's check found: the steps a run sized by epochs has in another batch
+    geometry (`resized_to`: the checkpointer gives the run a plan of that many), and the position of
+    a checkpoint without data_state.json (`absent`, from its global_step or epoch)."""
+
+    resized_to: int | None = None
+    absent: LoopCursor | None = None
+
+
 class DataState:
-    """The "data_state" part: the loop cursor, the sampler's and dataset's state, every process's
-    unlogged step losses, and the batch geometry that gives the position its meaning."""
+    """The "data_state" part: the run's position (`Position`: the loop cursor, the sampler's and
+    dataset's state, the batch geometry that gives it its meaning) and the loss log's part of it
+    (every process's unlogged step losses, the divergence note). Built from those values; its check
+    returns what it found (`PositionFinding`) and writes nothing of the run."""
 
     def __init__(
         self,
-        trainer: CheckpointedTrainer,
-        run: TrainingRun,
+        args: Any,
+        position: Position,
+        losses: LossLog,
+        plan: RunPlan,
+        state: TrainerState,
         loss_windows: list[list[float | None]] | None = None,
     ) -> None:
-        self.trainer, self.run, self.loss_windows = trainer, run, loss_windows
+        self.args, self.position, self.losses, self.plan, self.state = args, position, losses, plan, state
+        self.loss_windows = loss_windows
+        self.world_size = plan.data_world_size  # the position is per data-parallel rank
         self.folder = ""
         # the resume continues the saved position in the same batches: a batch in hand is the next one
         self.keeps_batch_in_hand = False
-        self.absent: LoopCursor | None = None  # the position of a checkpoint without data_state.json
-        # the steps of a run sized by epochs, resumed in another batch geometry (`check`): the schedule's
-        self.resized_to: int | None = None
+        self.found = PositionFinding()  # the last check's
+
+    @property
+    def resized_to(self) -> int | None:
+        return self.found.resized_to
+
+    @property
+    def max_steps(self) -> int:
+        """The run's steps, or those the check found for another batch geometry (the schedule's)."""
+        return self.plan.max_steps if self.found.resized_to is None else self.found.resized_to
 
     def state_dict(self) -> dict[str, Any]:
-        args, run = self.trainer.args, self.run
-        dataset = getattr(run.dataloader, "dataset", None)
+        args, position = self.args, self.position
+        dataset = getattr(position.dataloader, "dataset", None)
         out: dict[str, Any] = {
-            "cursor": run.cursor.to_dict(),
-            "world_size": run.runtime.data_world_size,  # of the position: data-parallel ranks
+            "cursor": position.cursor.to_dict(),
+            "world_size": self.world_size,  # of the position: data-parallel ranks
             "dataset_length": len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None,
             "dataset_fingerprint": fingerprint(dataset),  # a `datasets` dataset's: other rows, another one
             "seed": args.data_seed if args.data_seed is not None else args.seed,
             "loss_windows": self.loss_windows,
-            "evaluation_pending": run.evaluation_pending,
-            **run.divergence.state_dict(),
+            "evaluation_pending": position.evaluation_pending,
+            **self.losses.divergence.state_dict(),
             **{k: getattr(args, k) for k in resume.POSITION_ARGS},
         }
-        sampler: Any = getattr(run.dataloader, "sampler", None)
+        sampler: Any = getattr(position.dataloader, "sampler", None)
         if hasattr(sampler, "state_dict"):
             out["sampler"] = sampler.state_dict()
         if dataset is not None and callable(getattr(dataset, "state_dict", None)):
-            ahead = run.look_ahead  # fetched again at a resume: the dataset's state from before that
+            ahead = position.look_ahead  # fetched again at a resume: the dataset's state from before that
             before = ahead.dataset_before if ahead.captures and ahead.holds() else None
             out["dataset_state"] = before if before is not None else dataset.state_dict()
         return out
 
-    def check(self, saved: dict[str, Any] | None, folder: str) -> None:
+    def check(self, saved: dict[str, Any] | None, folder: str) -> PositionFinding:
         """Refuse a resume whose saved position can't be mapped onto this run (another dataset
-        length); map another batch geometry (one warning), and, for a run sized by epochs, size the
-        schedule for the steps left in the new geometry."""
-        args, self.folder = self.trainer.args, folder
+        length); map another batch geometry (one warning), and, for a run sized by epochs, find the
+        steps left in the new geometry (the checkpointer re-sizes the run's schedule to them)."""
+        self.folder = folder
+        self.found = self._find(saved, folder)
+        return self.found
+
+    def _find(self, saved: dict[str, Any] | None, folder: str) -> PositionFinding:
+        args, position, world_size = self.args, self.position, self.world_size
         if saved is None and not args.ignore_data_skip:
-            self._position_without_data_state(folder)
+            return self._position_without_data_state(folder)
         if saved is None or args.ignore_data_skip:
-            return
-        run, world_size = self.run, self.run.runtime.data_world_size  # the position is per data-parallel rank
-        ckpt.check_data_state(saved, folder, world_size, run.dataloader)  # fields a resume reads, in range
+            return PositionFinding()
+        ckpt.check_data_state(saved, folder, world_size, position.dataloader)  # fields a resume reads
         resume.warn_changed_workers(args, folder)
-        changed = resume.check_position_args(args, world_size, saved, run.dataloader, folder)
+        changed = resume.check_position_args(args, world_size, saved, position.dataloader, folder)
         if not changed or not resume.say_geometry_change(folder, changed, saved, args, world_size):
-            return
-        if args.max_steps <= 0 and run.cursor.steps_in_epoch:
-            self._size_schedule(self._position(saved))
+            return PositionFinding()
+        if args.max_steps <= 0 and position.cursor.steps_in_epoch:
+            return PositionFinding(resized_to=self._steps_for(self._position(saved)))
+        return PositionFinding()
 
-    def _size_schedule(self, cursor: LoopCursor) -> None:
-        """A run sized by epochs, resumed at `cursor` in another geometry: the steps left in it."""
-        run, args = self.run, self.trainer.args
-        self.resized_to = cursor.steps_applied + resume.steps_left(
+    def _steps_for(self, cursor: LoopCursor) -> int:
+        """A run sized by epochs, resumed at `cursor` in another geometry: its steps, those left added."""
+        return cursor.steps_applied + resume.steps_left(
             cursor,
-            run.epochs,
-            args.gradient_accumulation_steps,
+            self.plan.epochs,
+            self.args.gradient_accumulation_steps,
             self._micro_left(cursor),
-            run.cursor.steps_in_epoch,
+            self.position.cursor.steps_in_epoch,
         )
-        run.resize(self.resized_to, self.trainer.state)
 
-    def _position_without_data_state(self, folder: str) -> None:
+    def _position_without_data_state(self, folder: str) -> PositionFinding:
         """A checkpoint without data_state.json (transformers'): the position from its global_step,
         or, where this run's geometry puts that step elsewhere, from its epoch (trainer_state.json),
         with the schedule sized for the steps left."""
-        args, run = self.trainer.args, self.run
+        args = self.args
         state = ckpt.read_json(os.path.join(folder, ckpt.TRAINER_STATE_NAME))
         step, epoch = state.get("global_step"), state.get("epoch")
         if not isinstance(step, int) or not isinstance(epoch, (int, float)):
-            return  # the trainer state's own check names what is wrong with it
-        cursor = resume.cursor_from_global_step(args, run.cursor.steps_in_epoch, step)
-        self.absent = cursor
+            return PositionFinding()  # the trainer state's own check names what is wrong with it
+        cursor = resume.cursor_from_global_step(args, self.position.cursor.steps_in_epoch, step)
         if resume.align_with_saved_epoch(cursor, float(epoch), args, folder) and args.max_steps <= 0:
-            self._size_schedule(cursor)
+            return PositionFinding(resized_to=self._steps_for(cursor), absent=cursor)
+        return PositionFinding(absent=cursor)
 
     def _position(self, saved: dict[str, Any]) -> LoopCursor:
         """The saved cursor on this run's geometry."""
-        args, run = self.trainer.args, self.run
+        args, position = self.args, self.position
         cursor = LoopCursor.from_dict(saved["cursor"])
-        cursor.steps_in_epoch = run.cursor.steps_in_epoch
-        loader_batch = getattr(run.dataloader, "batch_size", None)  # a subclass's loader may batch otherwise
-        batch = run.geometry[0] if run.geometry else loader_batch or args.per_device_train_batch_size
-        resume.rescale_position(
-            cursor, saved, run.runtime.data_world_size, batch, args.per_device_train_batch_size
+        cursor.steps_in_epoch = position.cursor.steps_in_epoch
+        loader_batch = getattr(
+            position.dataloader, "batch_size", None
+        )  # a subclass's loader may batch otherwise
+        batch = (
+            position.geometry[0] if position.geometry else loader_batch or args.per_device_train_batch_size
         )
+        resume.rescale_position(cursor, saved, self.world_size, batch, args.per_device_train_batch_size)
         return cursor
 
     def _micro_left(self, cursor: LoopCursor) -> int:
         """Micro-batches left in the cursor's epoch (exact where the sampler's geometry is known)."""
-        geometry = self.run.geometry
+        geometry = self.position.geometry
         if geometry is None:
             return max(cursor.steps_in_epoch - cursor.batch_in_epoch, 0)
         batch, samples = geometry
         left = max(samples - cursor.samples_in_epoch, 0)
-        return left // batch if self.trainer.args.dataloader_drop_last else -(-left // batch)
+        return left // batch if self.args.dataloader_drop_last else -(-left // batch)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """The saved position (rescaled to this number of processes), data order and dataset state;
         with ignore_data_skip the current epoch restarts from its first batch."""
-        args, run, world_size = self.trainer.args, self.run, self.run.runtime.data_world_size
+        args, position, world_size = self.args, self.position, self.world_size
         if args.ignore_data_skip:
             cursor = LoopCursor.from_dict(state_dict["cursor"])
-            cursor.steps_in_epoch = run.cursor.steps_in_epoch
+            cursor.steps_in_epoch = position.cursor.steps_in_epoch
             cursor.batch_in_epoch = cursor.samples_in_epoch = 0
         else:
             cursor = self._position(state_dict)
-            resume.keep_saved_data_order(args, world_size, run.dataloader, state_dict, self.folder)
+            resume.keep_saved_data_order(args, world_size, position.dataloader, state_dict, self.folder)
             self.keeps_batch_in_hand = state_dict.get("world_size", 1) == world_size and state_dict.get(
                 "per_device_train_batch_size"
             ) == getattr(args, "per_device_train_batch_size", None)
-        resume.use_own_loss_window(cursor, state_dict, run.runtime)
-        run.divergence.load_state_dict(state_dict)
-        dataset: Any = getattr(run.dataloader, "dataset", None)
+        resume.use_own_loss_window(cursor, state_dict, self.losses.runtime)
+        self.losses.divergence.load_state_dict(state_dict)
+        dataset: Any = getattr(position.dataloader, "dataset", None)
         restored = "dataset_state" in state_dict and hasattr(dataset, "load_state_dict")
         if restored:
             dataset.load_state_dict(state_dict["dataset_state"])
-        run.resume_at(cursor, bool(state_dict.get("evaluation_pending")), iterable_restored=restored)
+        position.resume_at(cursor, bool(state_dict.get("evaluation_pending")), iterable_restored=restored)
 
     def load_absent(self, folder: str) -> None:
         """A transformers checkpoint: the position rebuilt from global_step, as upstream does (from its
         epoch where this run's geometry differs: `check`)."""
-        args, run = self.trainer.args, self.run
-        cursor = self.absent or resume.cursor_from_global_step(
-            args, run.cursor.steps_in_epoch, self.trainer.state.global_step
+        args = self.args
+        cursor = self.found.absent or resume.cursor_from_global_step(
+            args, self.position.cursor.steps_in_epoch, self.state.global_step
         )
         if args.ignore_data_skip:
             cursor.batch_in_epoch = cursor.samples_in_epoch = 0
-        run.resume_at(cursor, evaluation_pending=False)
+        self.position.resume_at(cursor, evaluation_pending=False)
 
 
 class TrainerStateFile:
