@@ -37,6 +37,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import trainwright.checkpoint as ckpt
@@ -165,19 +166,29 @@ class Checkpointer:
             "keep": divergence.kept(),
             "exclude": list(self.foreign),
         }
-        if self.args.async_save and self._in_background(trainer, name, parts, rotation):
+        if self.args.async_save and self._in_background(
+            [hook for hook in _HOOKS if trainer._overrides(hook)],
+            name,
+            parts,
+            rotation,
+            # the write in flight holds the Trainer until it is finished (no longer: the writer drops it)
+            partial(_durable, trainer, saved_state=copy.copy(state)),  # on_save: the saved step's counters
+        ):
             return None
         return self.manager.save(self.folder, name, parts, **rotation)
 
     def _in_background(
-        self, trainer: CheckpointedTrainer, name: str, parts: dict[str, Any], rotation: dict[str, Any]
+        self,
+        overridden: list[str],
+        name: str,
+        parts: dict[str, Any],
+        rotation: dict[str, Any],
+        on_done: Callable[[str], None],
     ) -> bool:
-        overridden = [hook for hook in _HOOKS if trainer._overrides(hook)]
         if overridden:
             self._say(f"the Trainer subclass overrides {', '.join(overridden)}")
             return False
         writer = self._writer()
-        saved_state = copy.copy(trainer.state)  # on_save gets the saved step's counters
         if save_checkpoint_async(
             writer,
             self.manager,
@@ -185,8 +196,7 @@ class Checkpointer:
             name,
             parts,
             collectives=self._collectives,
-            # the write in flight holds the Trainer until it is finished (no longer: the writer drops it)
-            on_done=lambda path: _durable(trainer, path, saved_state),
+            on_done=on_done,
             **rotation,
         ):
             return True

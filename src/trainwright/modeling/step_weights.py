@@ -76,9 +76,7 @@ class StepWeights:
             self._on_empty()
         return torch.zeros((), dtype=torch.long)
 
-    def count(
-        self, micro_batches: list, probe: Callable[[list, torch.Tensor], None] | None = None
-    ) -> torch.Tensor | None:
+    def count(self, micro_batches: list, probe: Callable[[list, torch.Tensor], None]) -> torch.Tensor | None:
         """Items (label targets, else samples) in a step's micro-batches over every process; None
         when the step is one micro-batch on one process that has targets (its mean needs no weight).
         A step with no target anywhere is a CPU 0 (and told); on an accelerator the total is not
@@ -95,7 +93,7 @@ class StepWeights:
             total = total.clamp(min=1)
         elif not total:
             return self._empty()
-        if self._probing and probe is not None:
+        if self._probing:
             self._settle(micro_batches, total, probe)
         return total
 
