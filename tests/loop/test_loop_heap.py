@@ -14,7 +14,7 @@ import weakref
 import pytest
 import torch
 
-from trainwright.modeling.loss import LossWindow
+from trainwright.loop.loss_log import LossWindow
 
 
 class _Runtime:

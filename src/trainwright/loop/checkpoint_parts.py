@@ -40,11 +40,11 @@ from trainwright.checkpoint.rng import LOOK_AHEAD, RngState, saved_look_ahead
 from trainwright.checkpoint.weights import model_state_dict
 from trainwright.core.events import CallbackHandler
 from trainwright.core.modules import is_peft_model
-from trainwright.core.state import LoopCursor, TrainerControl, TrainerState
-from trainwright.data.kinds import fingerprint
-from trainwright.data.look_ahead import batch_from_state
+from trainwright.core.state import TrainerControl, TrainerState
+from trainwright.data.look_ahead import LookAhead
 from trainwright.loop import resume
-from trainwright.loop.callback_states import callback_states, restore_callback_states
+from trainwright.loop.callback_states import restore_callback_states
+from trainwright.loop.data_state import BatchInHand, DataState
 from trainwright.loop.run import TrainingRun
 
 logger = logging.getLogger(__name__)
@@ -91,16 +91,14 @@ def build_parts(
     """The mapping of parts of a checkpoint of this run: to save now (every rank calls it: the loss
     windows are gathered), or to restore folder `restore_from`. The one place the Trainer hands its
     values in: each part is built from what it reads."""
-    args, engine, model = trainer.args, run.engine, trainer.model
+    args, engine, model, position = trainer.args, run.engine, trainer.model, run.position
     with_optimizer = not args.save_only_model
     engine_parts = engine.checkpoint_parts(with_optimizer, restore_from)
     if "optimizer" in engine_parts:
         custom = trainer.optimizer_cls_and_kwargs is not None
         engine_parts["optimizer"] = OptimizerPart(args, engine_parts["optimizer"], custom)
-    windows = None
-    if restore_from is None:
-        trainer.state.stateful_callbacks = callback_states(trainer.callback_handler, trainer.control)
-        windows = run.gather_loss_windows(trainer.state.global_step)
+    # every process's unlogged losses (the callbacks' state is the checkpointer's to put in first)
+    windows = run.losses.gather(trainer.state.global_step) if restore_from is None else None
     hooks = ModelHooks(  # bound: a subclass's override is what runs
         save=trainer._save,
         load=trainer._load_from_checkpoint,
@@ -120,7 +118,7 @@ def build_parts(
     if is_peft_model(model):
         parts["base_model"] = BaseModelPart(model)
     parts.update(engine_parts)
-    data_state = DataState(trainer, run, windows)
+    data_state = DataState(args, position, run.losses, run.plan, trainer.state, windows)
     if with_optimizer or restore_from is not None:  # a scheduler.pt is restored even without the optimizer
 
         def replace(scheduler: Any) -> None:  # a rebuilt schedule becomes the Trainer's
@@ -132,16 +130,15 @@ def build_parts(
             trainer.optimizer,
             trainer._created_scheduler,
             replace,
-            run,
             data_state,
         )
     if with_optimizer:
         if trainer.scaler is not None:
             parts["scaler"] = trainer.scaler
-        parts["rng"] = RngPart(trainer._load_rng_state, trainer.runtime, run, data_state)
-        ahead = run.look_ahead
+        parts["rng"] = RngPart(trainer._load_rng_state, trainer.runtime, position.look_ahead, data_state)
+        ahead = position.look_ahead
         if restore_from is not None or (ahead.holds() and not ahead.captures):
-            parts["batch_in_hand"] = BatchInHand(run, data_state)
+            parts["batch_in_hand"] = BatchInHand(ahead, data_state)
     parts["data_state"] = data_state
     parts["trainer_state"] = TrainerStateFile(trainer.state, trainer.callback_handler, trainer.control, args)
     for cb in trainer.callback_handler.callbacks:  # callbacks that are checkpoint parts of their own
@@ -327,12 +324,11 @@ class SchedulerPart:
         optimizer: torch.optim.Optimizer | None,
         trainer_made: bool,
         replace: Callable[[Any], None],
-        run: TrainingRun,
         data_state: DataState,
     ) -> None:
         self.args, self.scheduler, self.optimizer = args, scheduler, optimizer
         self.trainer_made, self.replace = trainer_made, replace
-        self.run, self.data_state = run, data_state
+        self.data_state = data_state
         self.folder = ""
 
     def state_dict(self) -> dict[str, Any]:
@@ -349,7 +345,7 @@ class SchedulerPart:
                 self.args,
                 self.scheduler,
                 optimizer,
-                self.run.max_steps,  # the data state's check re-sized it where the geometry changed
+                self.data_state.max_steps,  # the data state's check re-sized it where the geometry changed
                 self.folder,
                 self.trainer_made,
                 resized=self.data_state.resized_to is not None,
@@ -371,15 +367,15 @@ class RngPart(RngState):
         self,
         load_rng_state: Callable[[str | None], None],
         runtime: Any,
-        run: TrainingRun,
+        look_ahead: LookAhead,
         data_state: DataState,
     ) -> None:
         self.load_rng_state, self.runtime = load_rng_state, runtime
-        self.run, self.data_state = run, data_state
+        self.look_ahead, self.data_state = look_ahead, data_state
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        ahead = self.run.look_ahead
+        ahead = self.look_ahead
         if ahead.captures and ahead.holds() and ahead.fetched_from is not None:
             state[LOOK_AHEAD] = ahead.fetched_from
         return state
@@ -388,164 +384,7 @@ class RngPart(RngState):
         self.load_rng_state(folder)
         fetched_from = saved_look_ahead(folder, self.runtime.rank, self.runtime.world_size)
         if fetched_from is not None and self.data_state.keeps_batch_in_hand:
-            self.run.look_ahead.resume_with(rng=fetched_from)
-
-
-class BatchInHand:
-    """The training batch fetched ahead of the next step (`data/look_ahead.py`), this process's,
-    weights-only: the resumed epoch yields it first. Kept only where the resume keeps the saved
-    position in the same batches (not with `ignore_data_skip`, another batch size or processes)."""
-
-    def __init__(self, run: TrainingRun, data_state: DataState) -> None:
-        self.run, self.data_state = run, data_state
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.run.look_ahead.stored_in_hand()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if self.data_state.keeps_batch_in_hand:
-            self.run.look_ahead.resume_with(batch_from_state(state_dict))
-
-
-# ---------------------------------------------------------------------- position and state
-class DataState:
-    """The "data_state" part: the loop cursor, the sampler's and dataset's state, every process's
-    unlogged step losses, and the batch geometry that gives the position its meaning."""
-
-    def __init__(
-        self,
-        trainer: CheckpointedTrainer,
-        run: TrainingRun,
-        loss_windows: list[list[float | None]] | None = None,
-    ) -> None:
-        self.trainer, self.run, self.loss_windows = trainer, run, loss_windows
-        self.folder = ""
-        # the resume continues the saved position in the same batches: a batch in hand is the next one
-        self.keeps_batch_in_hand = False
-        self.absent: LoopCursor | None = None  # the position of a checkpoint without data_state.json
-        # the steps of a run sized by epochs, resumed in another batch geometry (`check`): the schedule's
-        self.resized_to: int | None = None
-
-    def state_dict(self) -> dict[str, Any]:
-        args, run = self.trainer.args, self.run
-        dataset = getattr(run.dataloader, "dataset", None)
-        out: dict[str, Any] = {
-            "cursor": run.cursor.to_dict(),
-            "world_size": run.runtime.data_world_size,  # of the position: data-parallel ranks
-            "dataset_length": len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None,
-            "dataset_fingerprint": fingerprint(dataset),  # a `datasets` dataset's: other rows, another one
-            "seed": args.data_seed if args.data_seed is not None else args.seed,
-            "loss_windows": self.loss_windows,
-            "evaluation_pending": run.evaluation_pending,
-            **run.divergence.state_dict(),
-            **{k: getattr(args, k) for k in resume.POSITION_ARGS},
-        }
-        sampler: Any = getattr(run.dataloader, "sampler", None)
-        if hasattr(sampler, "state_dict"):
-            out["sampler"] = sampler.state_dict()
-        if dataset is not None and callable(getattr(dataset, "state_dict", None)):
-            ahead = run.look_ahead  # fetched again at a resume: the dataset's state from before that
-            before = ahead.dataset_before if ahead.captures and ahead.holds() else None
-            out["dataset_state"] = before if before is not None else dataset.state_dict()
-        return out
-
-    def check(self, saved: dict[str, Any] | None, folder: str) -> None:
-        """Refuse a resume whose saved position can't be mapped onto this run (another dataset
-        length); map another batch geometry (one warning), and, for a run sized by epochs, size the
-        schedule for the steps left in the new geometry."""
-        args, self.folder = self.trainer.args, folder
-        if saved is None and not args.ignore_data_skip:
-            self._position_without_data_state(folder)
-        if saved is None or args.ignore_data_skip:
-            return
-        run, world_size = self.run, self.run.runtime.data_world_size  # the position is per data-parallel rank
-        ckpt.check_data_state(saved, folder, world_size, run.dataloader)  # fields a resume reads, in range
-        resume.warn_changed_workers(args, folder)
-        changed = resume.check_position_args(args, world_size, saved, run.dataloader, folder)
-        if not changed or not resume.say_geometry_change(folder, changed, saved, args, world_size):
-            return
-        if args.max_steps <= 0 and run.cursor.steps_in_epoch:
-            self._size_schedule(self._position(saved))
-
-    def _size_schedule(self, cursor: LoopCursor) -> None:
-        """A run sized by epochs, resumed at `cursor` in another geometry: the steps left in it."""
-        run, args = self.run, self.trainer.args
-        self.resized_to = cursor.steps_applied + resume.steps_left(
-            cursor,
-            run.epochs,
-            args.gradient_accumulation_steps,
-            self._micro_left(cursor),
-            run.cursor.steps_in_epoch,
-        )
-        run.resize(self.resized_to, self.trainer.state)
-
-    def _position_without_data_state(self, folder: str) -> None:
-        """A checkpoint without data_state.json (transformers'): the position from its global_step,
-        or, where this run's geometry puts that step elsewhere, from its epoch (trainer_state.json),
-        with the schedule sized for the steps left."""
-        args, run = self.trainer.args, self.run
-        state = ckpt.read_json(os.path.join(folder, ckpt.TRAINER_STATE_NAME))
-        step, epoch = state.get("global_step"), state.get("epoch")
-        if not isinstance(step, int) or not isinstance(epoch, (int, float)):
-            return  # the trainer state's own check names what is wrong with it
-        cursor = resume.cursor_from_global_step(args, run.cursor.steps_in_epoch, step)
-        self.absent = cursor
-        if resume.align_with_saved_epoch(cursor, float(epoch), args, folder) and args.max_steps <= 0:
-            self._size_schedule(cursor)
-
-    def _position(self, saved: dict[str, Any]) -> LoopCursor:
-        """The saved cursor on this run's geometry."""
-        args, run = self.trainer.args, self.run
-        cursor = LoopCursor.from_dict(saved["cursor"])
-        cursor.steps_in_epoch = run.cursor.steps_in_epoch
-        loader_batch = getattr(run.dataloader, "batch_size", None)  # a subclass's loader may batch otherwise
-        batch = run.geometry[0] if run.geometry else loader_batch or args.per_device_train_batch_size
-        resume.rescale_position(
-            cursor, saved, run.runtime.data_world_size, batch, args.per_device_train_batch_size
-        )
-        return cursor
-
-    def _micro_left(self, cursor: LoopCursor) -> int:
-        """Micro-batches left in the cursor's epoch (exact where the sampler's geometry is known)."""
-        geometry = self.run.geometry
-        if geometry is None:
-            return max(cursor.steps_in_epoch - cursor.batch_in_epoch, 0)
-        batch, samples = geometry
-        left = max(samples - cursor.samples_in_epoch, 0)
-        return left // batch if self.trainer.args.dataloader_drop_last else -(-left // batch)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """The saved position (rescaled to this number of processes), data order and dataset state;
-        with ignore_data_skip the current epoch restarts from its first batch."""
-        args, run, world_size = self.trainer.args, self.run, self.run.runtime.data_world_size
-        if args.ignore_data_skip:
-            cursor = LoopCursor.from_dict(state_dict["cursor"])
-            cursor.steps_in_epoch = run.cursor.steps_in_epoch
-            cursor.batch_in_epoch = cursor.samples_in_epoch = 0
-        else:
-            cursor = self._position(state_dict)
-            resume.keep_saved_data_order(args, world_size, run.dataloader, state_dict, self.folder)
-            self.keeps_batch_in_hand = state_dict.get("world_size", 1) == world_size and state_dict.get(
-                "per_device_train_batch_size"
-            ) == getattr(args, "per_device_train_batch_size", None)
-        resume.use_own_loss_window(cursor, state_dict, run.runtime)
-        run.divergence.load_state_dict(state_dict)
-        dataset: Any = getattr(run.dataloader, "dataset", None)
-        restored = "dataset_state" in state_dict and hasattr(dataset, "load_state_dict")
-        if restored:
-            dataset.load_state_dict(state_dict["dataset_state"])
-        run.resume_at(cursor, bool(state_dict.get("evaluation_pending")), iterable_restored=restored)
-
-    def load_absent(self, folder: str) -> None:
-        """A transformers checkpoint: the position rebuilt from global_step, as upstream does (from its
-        epoch where this run's geometry differs: `check`)."""
-        args, run = self.trainer.args, self.run
-        cursor = self.absent or resume.cursor_from_global_step(
-            args, run.cursor.steps_in_epoch, self.trainer.state.global_step
-        )
-        if args.ignore_data_skip:
-            cursor.batch_in_epoch = cursor.samples_in_epoch = 0
-        run.resume_at(cursor, evaluation_pending=False)
+            self.look_ahead.resume_with(rng=fetched_from)
 
 
 class TrainerStateFile:

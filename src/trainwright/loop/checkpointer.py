@@ -32,19 +32,24 @@ the writer threads commit through a gloo group of their own, created at the firs
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import sys
-import weakref
 from collections.abc import Callable
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import trainwright.checkpoint as ckpt
 from trainwright.checkpoint.async_writer import AsyncCheckpointWriter, GroupCollectives, save_checkpoint_async
 from trainwright.checkpoint.manager import CheckpointManager
 from trainwright.checkpoint.rng import RngState
+from trainwright.loop.callback_states import callback_states
 from trainwright.loop.checkpoint_parts import CheckpointedTrainer, build_parts
-from trainwright.loop.run import TrainingRun
+from trainwright.loop.divergence import Divergence
+
+if TYPE_CHECKING:
+    from trainwright.loop.run import TrainingRun
 
 logger = logging.getLogger(__name__)
 
@@ -74,47 +79,24 @@ def writes_once(args: Any, runtime: Any) -> bool:
     return runtime.is_main_process or bool(args.save_on_each_node and runtime.is_local_main_process)
 
 
-def _alive(ref: weakref.ref, what: str) -> Any:
-    """The object `ref` points at, or an error naming it (a checkpoint outlived its run)."""
-    obj = ref()
-    if obj is None:
-        raise RuntimeError(f"The {what} of this checkpointer was deleted; a checkpoint needs it.")
-    return obj
-
-
 class Checkpointer:
     """The checkpoints of one run (see the module docstring)."""
 
-    def __init__(
-        self, trainer: CheckpointedTrainer, run: TrainingRun, resume_from: str | None = None
-    ) -> None:
-        # weak: the Trainer holds the run, which holds this; a cycle would keep the model and the
-        # optimizer alive after `del trainer` until the next full garbage collection
-        self._trainer, self._run = weakref.ref(trainer), weakref.ref(run)
-        self.args, self.runtime = trainer.args, trainer.runtime
-        self.main = writes_once(self.args, self.runtime)
-        self.manager = CheckpointManager(self.runtime, main=self.main)
-        self.folder = trainer._get_output_dir(run.trial)
+    def __init__(self, args: Any, runtime: Any, folder: str, resume_from: str | None = None) -> None:
+        # built from values: the Trainer and the run are handed in at the calls that need them (an
+        # upstream hook, the parts of a checkpoint) and never stored, so no cycle runs through this
+        self.args, self.runtime, self.folder = args, runtime, folder
+        self.main = writes_once(args, runtime)
+        self.manager = CheckpointManager(runtime, main=self.main)
         # checkpoints in the folder that are not this run's: never rotated away
         self.foreign = self._foreign(resume_from) if self.main else []
         self.writer: AsyncCheckpointWriter | None = None  # made at the first background save
         # at each step end: finish a background write that is durable (only async_save writes one)
-        self.poll: Callable[[], None] = self._poll_writer if self.args.async_save else _nothing
+        self.poll: Callable[[], None] = self._poll_writer if args.async_save else _nothing
         self._collectives: GroupCollectives | None = None  # its process group, with several processes
         self._said: set[str] = set()
         self._last_step: int | None = None  # the step of this run's last checkpoint
         self._deferred: dict[str, Any] | None = None  # the parts a resume leaves to a subclass's hook
-
-    @property
-    def trainer(self) -> CheckpointedTrainer:
-        return _alive(self._trainer, "Trainer")
-
-    @property
-    def run(self) -> TrainingRun:
-        return _alive(self._run, "training run")
-
-    def _fire(self, event: str, state: Any = None) -> None:
-        self.trainer._fire(event, state)
 
     def wrote(self, step: int) -> bool:
         """Whether this run already wrote the checkpoint of `step`."""
@@ -160,40 +142,54 @@ class Checkpointer:
         )
 
     # -- saving --------------------------------------------------------------------------------
-    def save(self) -> str | None:
-        """Write checkpoint-<global_step> and rotate: the path, or None when it is being written in
-        the background (its completion work runs once it is durable)."""
+    def save(self, trainer: CheckpointedTrainer, run: TrainingRun) -> str | None:
+        """Write checkpoint-<global_step> of `run` and rotate: the path, or None when it is being
+        written in the background (its completion work runs once it is durable)."""
         self.wait()  # the previous background write first, as after a synchronous save
-        state = self.trainer.state
-        self.trainer.store_flos()
+        state = trainer.state
+        trainer.store_flos()
         name = f"{ckpt.PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         if state.best_global_step is not None:
             best = os.path.join(self.folder, f"{ckpt.PREFIX_CHECKPOINT_DIR}-{state.best_global_step}")
             if state.best_global_step == state.global_step or os.path.isdir(best):
                 state.best_model_checkpoint = best
-        parts = build_parts(self.trainer, self.run, main=self.main)  # notes a non-finite window
+        # the callbacks' state goes into trainer_state.json (every process gathers the loss windows)
+        state.stateful_callbacks = callback_states(trainer.callback_handler, trainer.control)
+        parts = build_parts(trainer, run, main=self.main)  # notes a non-finite window
         self._last_step = state.global_step
-        path, run = os.path.join(self.folder, name), self.run
+        path, divergence = os.path.join(self.folder, name), run.losses.divergence
         self.foreign = [p for p in self.foreign if os.path.abspath(p) != os.path.abspath(path)]
-        run.divergence.checkpoint_written(path)  # recorded in this checkpoint's data_state.json too
+        divergence.checkpoint_written(path)  # recorded in this checkpoint's data_state.json too
         rotation = {
             "save_total_limit": self.args.save_total_limit,
             "best_checkpoint": state.best_model_checkpoint,
             # after a divergence the newest checkpoint written before it is kept, as the best one is
-            "keep": run.divergence.kept(),
+            "keep": divergence.kept(),
             "exclude": list(self.foreign),
         }
-        if self.args.async_save and self._in_background(name, parts, rotation):
+        if self.args.async_save and self._in_background(
+            [hook for hook in _HOOKS if trainer._overrides(hook)],
+            name,
+            parts,
+            rotation,
+            # the write in flight holds the Trainer until it is finished (no longer: the writer drops it)
+            partial(_durable, trainer, saved_state=copy.copy(state)),  # on_save: the saved step's counters
+        ):
             return None
         return self.manager.save(self.folder, name, parts, **rotation)
 
-    def _in_background(self, name: str, parts: dict[str, Any], rotation: dict[str, Any]) -> bool:
-        overridden = [hook for hook in _HOOKS if self.trainer._overrides(hook)]
+    def _in_background(
+        self,
+        overridden: list[str],
+        name: str,
+        parts: dict[str, Any],
+        rotation: dict[str, Any],
+        on_done: Callable[[str], None],
+    ) -> bool:
         if overridden:
             self._say(f"the Trainer subclass overrides {', '.join(overridden)}")
             return False
         writer = self._writer()
-        saved_state = copy.copy(self.trainer.state)  # on_save gets the saved step's counters
         if save_checkpoint_async(
             writer,
             self.manager,
@@ -201,20 +197,20 @@ class Checkpointer:
             name,
             parts,
             collectives=self._collectives,
-            on_done=lambda path: self._durable(path, saved_state),
+            on_done=on_done,
             **rotation,
         ):
             return True
         self._say("a checkpoint part can't be staged (DeepSpeed's engine checkpoint)")
         return False
 
-    def saved(self) -> None:
+    def saved(self, trainer: CheckpointedTrainer) -> None:
         """After `_save_checkpoint` in the loop: `on_save` now, or, for a write still in the
         background, once it is durable (`should_save` is cleared now, as `on_save` would)."""
         if self.writer is not None and self.writer.pending:
-            self.trainer.control.should_save = False
+            trainer.control.should_save = False
         else:
-            self._fire("on_save")
+            trainer._fire("on_save")
 
     def _writer(self) -> AsyncCheckpointWriter:
         if self.writer is None:
@@ -222,17 +218,6 @@ class Checkpointer:
                 self._collectives = GroupCollectives(timeout_s=self.runtime.timeout_s)
             self.writer = AsyncCheckpointWriter()
         return self.writer
-
-    def _durable(self, path: str, saved_state: Any) -> None:
-        """Completion work of a durable checkpoint, in the training thread."""
-        if self.args.push_to_hub:
-            self.trainer._push_from_checkpoint(path)
-        control = self.trainer.control
-        # The flag of a save being decided now (this can run inside the next save step) is not this
-        # event's to clear.
-        saving_now = control.should_save
-        self._fire("on_save", state=saved_state)
-        self.trainer.control.should_save = saving_now or self.trainer.control.should_save
 
     def _say(self, reason: str) -> None:
         if reason not in self._said:
@@ -271,27 +256,32 @@ class Checkpointer:
             current.add_note(f"while a checkpoint was being written in the background: {error}")
 
     # -- restoring -----------------------------------------------------------------------------
-    def restore(self, path: str) -> None:
-        """Load everything checkpoint `path` holds into the run, through the same parts a save
-        writes; each part refuses (before anything loads) what does not fit this run."""
-        parts = build_parts(self.trainer, self.run, main=self.main, restore_from=path)
+    def restore(self, path: str, trainer: CheckpointedTrainer, run: TrainingRun) -> None:
+        """Load everything checkpoint `path` holds into `run`, through the same parts a save writes;
+        each part refuses (before anything loads) what does not fit this run. What the data state's
+        check found (a re-sized schedule) is applied here, to the run's plan and the TrainerState."""
+        parts = build_parts(trainer, run, main=self.main, restore_from=path)
         if self.args.save_only_model and self.manager.has(path, "optimizer"):
             logger.warning("save_only_model=True: resuming the weights of %s with a fresh optimizer.", path)
         # a subclass's `_load_optimizer_and_scheduler` is called as upstream calls it: after the rest,
         # loading the optimizer and the schedule through its super() (or not), then its own state
-        hooked = self.trainer._overrides("_load_optimizer_and_scheduler")
+        hooked = trainer._overrides("_load_optimizer_and_scheduler")
         deferred = {name: parts.pop(name) for name in OPTIMIZER_PARTS if name in parts} if hooked else {}
         self.manager.load(path, parts)
+        found = parts["data_state"].found
+        if found.resized_to is not None:  # a run sized by epochs, resumed in another batch geometry
+            run.plan = dataclasses.replace(run.plan, max_steps=found.resized_to)
+            trainer.state.max_steps = found.resized_to
         if hooked:
             self._deferred = deferred
             try:
-                self.trainer._load_optimizer_and_scheduler(path)
+                trainer._load_optimizer_and_scheduler(path)
             finally:
                 self._deferred = None
-        cursor = self.run.cursor
+        cursor = run.position.cursor
         # data_state.json's, not trainer_state's
-        self.trainer.state.optimizer_step_attempts = cursor.steps_attempted
-        self._say_if_nothing_left(path)
+        trainer.state.optimizer_step_attempts = cursor.steps_attempted
+        self._say_if_nothing_left(path, trainer.state.global_step, run.plan, cursor.epoch)
         logger.info(
             "Resumed from %s at step %d (epoch %d, batch %d of it).",
             path,
@@ -300,37 +290,37 @@ class Checkpointer:
             cursor.batch_in_epoch,
         )
 
-    def load_optimizer_and_scheduler(self, path: str) -> None:
+    def load_optimizer_and_scheduler(self, path: str, trainer: CheckpointedTrainer, run: TrainingRun) -> None:
         """`Trainer._load_optimizer_and_scheduler`: the optimizer's and the schedule's state of
         checkpoint `path` (during a resume, the parts `restore` left to the hook)."""
         parts = self._deferred
         if parts is None:
-            built = build_parts(self.trainer, self.run, main=self.main, restore_from=path)
+            built = build_parts(trainer, run, main=self.main, restore_from=path)
             parts = {name: built[name] for name in OPTIMIZER_PARTS if name in built}
         self.manager.load(path, parts)
 
-    def _say_if_nothing_left(self, path: str) -> None:
+    def _say_if_nothing_left(self, path: str, step: int, plan: Any, epoch: int) -> None:
         """A resume whose checkpoint is already at (or past) this run's end trains no step: say so."""
-        run, args, step = self.run, self.args, self.trainer.state.global_step
-        if step < run.max_steps and run.cursor.epoch < run.epochs:
+        args = self.args
+        if step < plan.max_steps and epoch < plan.epochs:
             return
         by_steps = args.max_steps > 0
-        limit = f"max_steps={run.max_steps}" if by_steps else f"num_train_epochs={args.num_train_epochs}"
+        limit = f"max_steps={plan.max_steps}" if by_steps else f"num_train_epochs={args.num_train_epochs}"
         logger.warning(
             "Resuming %s at step %d (epoch %d), and this run ends at %s: train() returns after 0 steps. "
             "Raise %s to train further.",
             path,
             step,
-            run.cursor.epoch,
+            epoch,
             limit,
             "max_steps" if by_steps else "num_train_epochs",
         )
 
-    def keep_only_best(self) -> None:
+    def keep_only_best(self, state: Any, divergence: Divergence) -> None:
         """With save_total_limit=1, keep only this run's best checkpoint once training is over
         (upstream), and what rotation keeps besides: checkpoints of another run in the folder, and the
         last one written before the loss went non-finite."""
-        args, state, run = self.args, self.trainer.state, self.run
+        args = self.args
         if (
             args.save_total_limit != 1
             or state.best_model_checkpoint is None
@@ -339,11 +329,24 @@ class Checkpointer:
             return
         ckpt.refuse_if_moved(self.folder)
         kept = {os.path.abspath(p) for p in [state.best_model_checkpoint, *self.foreign]}
-        kept.update(os.path.abspath(p) for p in run.divergence.kept())
+        kept.update(os.path.abspath(p) for p in divergence.kept())
         for path in ckpt.sort_checkpoints(self.folder):
             if os.path.abspath(path) not in kept:
                 logger.info("Deleting %s (save_total_limit=1 keeps the best checkpoint).", path)
                 ckpt.delete_checkpoint(path)
+
+
+def _durable(trainer: CheckpointedTrainer, path: str, saved_state: Any) -> None:
+    """Completion work of a durable background checkpoint, in the training thread: the Hub push and
+    `on_save` (given the saved step's state)."""
+    if trainer.args.push_to_hub:
+        trainer._push_from_checkpoint(path)
+    control = trainer.control
+    # The flag of a save being decided now (this can run inside the next save step) is not this
+    # event's to clear.
+    saving_now = control.should_save
+    trainer._fire("on_save", state=saved_state)
+    trainer.control.should_save = saving_now or trainer.control.should_save
 
 
 def load_rng_state(args: Any, runtime: Any, path: str) -> None:

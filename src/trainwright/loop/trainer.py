@@ -129,11 +129,13 @@ class Trainer(TrainerAPI):
                 self._determine_best_metric(
                     self._evaluate(trial, ignore_keys_for_eval, skip_scheduler=True), trial
                 )
-            if run.evaluation_pending and args.eval_strategy != "no":  # cut short by a preemption: now
+            if (
+                run.position.evaluation_pending and args.eval_strategy != "no"
+            ):  # cut short by a preemption: now
                 self._evaluate_during_training(run, trial, ignore_keys_for_eval)
                 self.control.should_save = False  # this step's checkpoint is the one resumed
-            for epoch in range(run.cursor.epoch, run.epochs):
-                if self.state.global_step >= run.max_steps:
+            for epoch in range(run.position.cursor.epoch, run.plan.epochs):
+                if self.state.global_step >= run.plan.max_steps:
                     break
                 self._run_epoch(run, epoch)
                 if self.control.should_training_stop:
@@ -161,6 +163,7 @@ class Trainer(TrainerAPI):
                 self.model, cast("dict[str, Any] | None", args.gradient_checkpointing_kwargs)
             )
         exact_flops = self._wants_flops() or self._overrides("floating_point_ops")
+        checkpointer = Checkpointer(args, self.runtime, self._get_output_dir(trial), resume_from=resume_path)
         run = self._run = TrainingRun(
             args,
             self.runtime,
@@ -176,24 +179,19 @@ class Trainer(TrainerAPI):
             weights=self._step_weights,
             # called where a resumed epoch skips, as upstream
             resumed_loader=self.get_resumed_dataloader if self._overrides("get_resumed_dataloader") else None,
+            custom_lse=self._overrides("_maybe_log_save_evaluate"),
+            checkpointer=checkpointer,
         )
-        run.checkpointer = Checkpointer(self, run, resume_from=resume_path)
         self.model_wrapped = self._wrap_model(self.model)  # DDP / FSDP2 (DeepSpeed: in start)
         self.model_wrapped, self.optimizer = run.engine.start(self, max_steps, self.model_wrapped)
         self.scaler = run.engine.scaler  # fp16 grad scaler (DeepSpeed scales itself)
         self._hand_accelerator(run)
         if resume_path is not None:
-            run.checkpointer.restore(resume_path)
-        run.start(
-            self.optimizer,
-            self.state,
-            self._plugins,
-            self._scheduler_is_plateau(),
-            self._overrides("_maybe_log_save_evaluate"),
-        )
+            checkpointer.restore(resume_path, self, run)
+        run.start(self.optimizer, self.state, self._plugins, self._scheduler_is_plateau())
         handler = self.callback_handler
         handler.model, handler.optimizer, handler.lr_scheduler = self.model, self.optimizer, self.lr_scheduler
-        handler.train_dataloader, handler.cursor = dataloader, run.cursor
+        handler.train_dataloader, handler.cursor = dataloader, run.position.cursor
         logger.info(
             "***** Running training *****  examples/epoch=%s  epochs=%s  batch/device=%s  accumulation=%s  "
             "processes=%s  optimizer steps=%s  trainable parameters=%s  %s",
@@ -214,18 +212,18 @@ class Trainer(TrainerAPI):
 
     def _run_epoch(self, run: TrainingRun, epoch: int) -> None:
         """One epoch of optimizer steps (or what is left of it after a resume)."""
-        args, state, cursor, engine = self.args, self.state, run.cursor, run.engine
-        batches = run.epoch_batches(epoch)
+        args, state, position, engine = self.args, self.state, run.position, run.engine
+        cursor, device, max_steps = position.cursor, self.runtime.device, run.plan.max_steps
+        batches = position.epoch_batches(epoch)
         # the per-step calls, looked up once: CPython does not specialize a method lookup on an
-        # object with as many attributes as the Trainer or the run (~2.5% of a small model's step)
+        # object with as many attributes as the Trainer (~2.5% of a small model's step)
         fire, get_batch_samples, training_step = self._fire, self.get_batch_samples, self.training_step
-        begin_step, advance, finish_step = run.begin_step, run.advance, run.finish_step
+        begin_step, advance, finish_step = position.begin_step, position.advance, run.finish_step
+        add_loss, poll, log_due = run.losses.window.add, run.checkpointer.poll, run.log_due
         fire("on_epoch_begin")
         steps, exhausted = 0, False
         while True:
-            micro_batches, num_items = get_batch_samples(
-                batches, args.gradient_accumulation_steps, run.device
-            )
+            micro_batches, num_items = get_batch_samples(batches, args.gradient_accumulation_steps, device)
             if not micro_batches:
                 exhausted = True
                 break
@@ -237,7 +235,7 @@ class Trainer(TrainerAPI):
                 # no gradient sync but on the last micro-batch; context parallel trains on a shard
                 with engine.accumulate(i < last, inputs) as inputs:
                     loss = training_step(self.model_wrapped, inputs, num_items)
-                run.losses.add(cursor.steps_since_log, loss)
+                add_loss(cursor.steps_since_log, loss)
                 if i < last:
                     fire("on_substep_end")
             del micro_batches
@@ -248,12 +246,12 @@ class Trainer(TrainerAPI):
             finish_step(applied, grad_norm, self.optimizer, self.lr_scheduler, state)
             fire("on_step_end")
             run.stop_if_preempted(self.control)
-            if run.log_due(self.control):
+            if log_due(self.control):
                 self._maybe_log_save_evaluate(*self._log_save_evaluate_args(run, epoch))
-            run.checkpointer.poll()  # async_save: a durable checkpoint's rotation and on_save
+            poll()  # async_save: a durable checkpoint's rotation and on_save
             if self.control.should_epoch_stop or self.control.should_training_stop:
                 break
-            if state.global_step >= run.max_steps:
+            if state.global_step >= max_steps:
                 self.control.should_training_stop = True
                 break
         run.end_epoch(epoch, steps, exhausted, self.control)
@@ -267,7 +265,9 @@ class Trainer(TrainerAPI):
         """The next optimizer step's micro-batches (up to `num_batches`, on the CPU) and the items
         they hold over every process (None when the step is one micro-batch on one process)."""
         micro_batches = list(islice(epoch_iterator, num_batches))
-        return micro_batches, self._weights().count(micro_batches) if micro_batches else None
+        if not micro_batches:
+            return micro_batches, None
+        return micro_batches, self._weights().count(micro_batches, self._measure_loss_kwargs)
 
     def _weights(self) -> StepWeights:
         """The run's weighting of micro-batch losses (outside `train()`: one for this call)."""
@@ -282,7 +282,6 @@ class Trainer(TrainerAPI):
             scaled_for_ga=self.loss_is_scaled_for_ga,
             runtime=runtime,
             across=runtime.distributed and self.args.average_tokens_across_devices,
-            probe=self._measure_loss_kwargs,
             on_empty=on_empty,
         )
 
@@ -446,16 +445,17 @@ class Trainer(TrainerAPI):
     def _log_save_evaluate_args(self, run: TrainingRun, epoch: int) -> tuple:
         """`_maybe_log_save_evaluate`'s arguments, in upstream's order."""
         # tr_loss is only materialised for a subclass that overrides the method (it costs a stack)
-        tr_loss = run.losses.window_sum(run.cursor.steps_since_log) if run.custom_lse else None
+        plan, (grad_norm, last_lr) = run.plan, run.last_step
+        tr_loss = run.losses.window_sum() if plan.custom_lse else None
         return (
             tr_loss,
-            run.grad_norm,
+            grad_norm,
             self.model_wrapped,
-            run.trial,
+            plan.trial,
             epoch,
-            run.ignore_keys_for_eval,
-            run.start_time,
-            run.last_lr,
+            plan.ignore_keys_for_eval,
+            run.start_counters.time,
+            last_lr,
         )
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -467,7 +467,7 @@ class Trainer(TrainerAPI):
             if (
                 start_time is not None and self._run is not None
             ):  # v5: this call's tokens over its time so far
-                tokens = self.state.num_input_tokens_seen - self._run.input_tokens_at_start
+                tokens = self.state.num_input_tokens_seen - self._run.start_counters.input_tokens
                 logs.update(speed_metrics("train", start_time, num_tokens=tokens))
         self._fire("on_pre_log", extra={"logs": logs})
         self.state.log_history.append({**logs, "step": self.state.global_step})
@@ -483,11 +483,11 @@ class Trainer(TrainerAPI):
         self, grad_norm: Any = None, learning_rate: float | None = None
     ) -> dict[str, float]:
         assert self._run is not None  # training windows are read while a run trains
-        return self._run.window_row(self.state.global_step, grad_norm, learning_rate)
+        return self._run.losses.window_row(self.state.global_step, grad_norm, learning_rate)
 
     def _fold_loss_window(self) -> None:
         assert self._run is not None
-        self._run.read_loss_window(self.state.global_step)
+        self._run.losses.read(self.state.global_step)
 
     # ------------------------------------------------------------------ log / evaluate / save
     def _maybe_log_save_evaluate(
@@ -505,7 +505,7 @@ class Trainer(TrainerAPI):
         the window's losses are read from the run's loss window, `tr_loss` is informative)."""
         run = self._run
         assert run is not None  # called by the loop
-        if self.control.should_log and run.cursor.steps_since_log > 0:
+        if self.control.should_log and run.position.cursor.steps_since_log > 0:
             self._log_training_window(grad_norm, learning_rate, start_time)
         elif run.window_full():
             self._fold_loss_window()  # bounded window and data_state.json without logging
@@ -515,7 +515,7 @@ class Trainer(TrainerAPI):
             self.control.should_save = False  # written at this step already (a preempted epoch's end)
         if self.control.should_save:
             self._save_checkpoint(model, trial)
-            run.checkpointer.saved()  # on_save now, or once a background write is durable
+            run.checkpointer.saved(self)  # on_save now, or once a background write is durable
 
     def _evaluate_during_training(self, run: TrainingRun, trial: Any, ignore_keys_for_eval: Any) -> None:
         rng = capture_rng_state()  # what a checkpoint holds if a preemption cuts the evaluation short
@@ -542,7 +542,7 @@ class Trainer(TrainerAPI):
 
     def _save_checkpoint(self, model: nn.Module | None = None, trial: Any = None) -> None:
         assert self._run is not None  # checkpoints are saved while a run trains
-        path = self._run.checkpointer.save()
+        path = self._run.checkpointer.save(self, self._run)
         if path is not None and self.args.push_to_hub:  # None: written in the background, pushed when durable
             self._push_from_checkpoint(path)
 
@@ -551,20 +551,20 @@ class Trainer(TrainerAPI):
         return getattr(type(self), name) is not getattr(Trainer, name)
 
     def _finalize_training(self, run: TrainingRun) -> TrainOutput:
-        cursor, args = run.cursor, self.args
+        cursor, args = run.position.cursor, self.args
         run.checkpointer.wait()  # the last checkpoint durable (its on_save fired) before the best loads
         window: dict[str, float] = {}
         if cursor.steps_since_log > 0 and args.logging_strategy != "no":
             # the last steps' loss, seen in the final row (a row of its own would be one without the
             # evaluation keys among the evaluation rows, which upstream's callers do not expect)
-            window = self._training_window_row(run.grad_norm, run.last_lr)
+            window = self._training_window_row(*run.last_step)
         elif cursor.steps_since_log > 0:  # unlogged steps still count in train_loss
             self._fold_loss_window()
-        train_loss = run.train_loss()
+        train_loss = run.losses.train_loss()
         samples_run, tokens_run = run.samples_and_tokens_run()
         metrics = speed_metrics(
             "train",
-            run.start_time,
+            run.start_counters.time,
             num_samples=samples_run,
             num_steps=cursor.steps_applied - cursor.first_step_of_call,
             num_tokens=tokens_run if args.include_tokens_per_second else None,  # v4
@@ -579,8 +579,8 @@ class Trainer(TrainerAPI):
         metrics.update((k, v) for k, v in row.items() if k not in window)
         if args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
             self._load_best_model()
-        run.checkpointer.keep_only_best()
-        run.divergence.say()
+        run.checkpointer.keep_only_best(self.state, run.losses.divergence)
+        run.losses.divergence.say()
         self._fire("on_train_end")
         self._finish_current_push()  # the last checkpoint's upload is done when train() returns
         return TrainOutput(self.state.global_step, train_loss, metrics)

@@ -100,8 +100,8 @@ class TrainerAPI(TrainerSetup):
         """Micro-batches in the step being taken (upstream's attribute; the argument outside a step)."""
         run = self._run
         return (
-            run.step_micro_batches
-            if run is not None and run.step_micro_batches
+            run.position.step_micro_batches
+            if run is not None and run.position.step_micro_batches
             else self.args.gradient_accumulation_steps
         )
 
@@ -135,7 +135,7 @@ class TrainerAPI(TrainerSetup):
     @property
     def cursor(self) -> LoopCursor:
         """Where the current (or last) run is: samples, tokens, FLOPs seen, steps, epoch position."""
-        return self._run.cursor if self._run is not None else LoopCursor()
+        return self._run.position.cursor if self._run is not None else LoopCursor()
 
     @property
     def current_flos(self) -> float:
@@ -375,11 +375,11 @@ class TrainerAPI(TrainerSetup):
         """auto_find_batch_size: drop what a try that ran out of memory left (its run, the wrapper,
         the gradients, a Trainer-made schedule for the old number of steps)."""
         run = self._run
-        if run is not None and run.cursor.steps_applied > run.cursor.first_step_of_call:
+        if run is not None and run.position.cursor.steps_applied > run.position.cursor.first_step_of_call:
             logger.warning(
                 "auto_find_batch_size: the out-of-memory error came after %d optimizer steps; the retry "
                 "starts from the weights and optimizer state they left (as transformers does).",
-                run.cursor.steps_applied - run.cursor.first_step_of_call,
+                run.position.cursor.steps_applied - run.position.cursor.first_step_of_call,
             )
         if run is not None:
             run.checkpointer.abandon()
@@ -452,7 +452,7 @@ class TrainerAPI(TrainerSetup):
                 "_load_optimizer_and_scheduler loads into a training run: call it from train() (a "
                 "subclass's override is called there), or resume with train(resume_from_checkpoint=...)."
             )
-        self._run.checkpointer.load_optimizer_and_scheduler(checkpoint)
+        self._run.checkpointer.load_optimizer_and_scheduler(checkpoint, self, self._run)
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
         """Restore this process's random generators from a checkpoint folder (a missing file warns,

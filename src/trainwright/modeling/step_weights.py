@@ -11,8 +11,6 @@ counts its items; each micro-batch only scales its loss.
 
 from __future__ import annotations
 
-import inspect
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
@@ -33,23 +31,6 @@ def _has_labels(inputs: Any) -> bool:
     return isinstance(inputs, Mapping) and "labels" in inputs
 
 
-def _held_weakly(fn: Callable[..., None] | None) -> Callable[..., None] | None:
-    """`fn`, a bound method held through a weak reference to its object: the weights belong to a
-    run the Trainer holds, and a strong one back would make a cycle that keeps the model and the
-    optimizer alive after `del trainer` until the next full garbage collection."""
-    if not inspect.ismethod(fn):
-        return fn
-    method, name = weakref.WeakMethod(fn), fn.__qualname__  # not `fn`: it holds the object
-
-    def call(*args: Any) -> None:
-        bound = method()
-        if bound is None:
-            raise RuntimeError(f"{name}'s object was deleted while its run's weights were in use.")
-        bound(*args)
-
-    return call
-
-
 class StepWeights:
     """The weighting of one run's steps (built per run: a retry or a new `train()` builds another).
 
@@ -57,8 +38,9 @@ class StepWeights:
     the label smoother, which divide by the step's items; scaled_for_ga: a Trainer subclass's own
     `loss_is_scaled_for_ga` (None: not said); runtime: the processes (`all_reduce`, `device`,
     `gradient_average_size`); across: sum the items over processes (`average_tokens_across_devices`
-    over several); probe: measures a `**kwargs` forward (clears `facts.probe` once settled);
-    on_empty: told of a step with no target at all. Bound methods among them are held weakly.
+    over several); on_empty: told of a step with no target at all (the run's loss log: it holds
+    nothing of the weights or the Trainer, so no cycle). The probe that measures a `**kwargs`
+    forward (it clears `facts.probe` once settled) is the Trainer's, handed in at `count`.
     """
 
     def __init__(
@@ -69,15 +51,14 @@ class StepWeights:
         scaled_for_ga: bool | None,
         runtime: Any,
         across: bool,
-        probe: Callable[[list, torch.Tensor], None] | None = None,
         on_empty: Callable[[], None] | None = None,
     ) -> None:
         self.label_shift = facts.label_shift
         self._facts, self._custom, self._declared = facts, custom_loss, scaled_for_ga
         self._runtime = runtime if across else None
         self._factor = runtime.gradient_average_size if across else None  # DDP/FSDP average over them
-        self._probe = _held_weakly(probe) if facts.probe else None
-        self._on_empty = _held_weakly(on_empty)
+        self._probing = facts.probe
+        self._on_empty = on_empty
         self._normalised = self._decide()
 
     def _decide(self) -> Callable[[Any], bool]:
@@ -95,11 +76,12 @@ class StepWeights:
             self._on_empty()
         return torch.zeros((), dtype=torch.long)
 
-    def count(self, micro_batches: list) -> torch.Tensor | None:
+    def count(self, micro_batches: list, probe: Callable[[list, torch.Tensor], None]) -> torch.Tensor | None:
         """Items (label targets, else samples) in a step's micro-batches over every process; None
         when the step is one micro-batch on one process that has targets (its mean needs no weight).
         A step with no target anywhere is a CPU 0 (and told); on an accelerator the total is not
-        read back (no sync), so it is clamped to 1: an empty step weighs 0, not 0/0."""
+        read back (no sync), so it is clamped to 1: an empty step weighs 0, not 0/0. `probe`
+        measures a `**kwargs` forward on a step while that is not settled."""
         shift = self.label_shift
         if len(micro_batches) == 1 and self._runtime is None:
             return self._empty() if has_no_targets(micro_batches[0], shift) else None
@@ -111,15 +93,17 @@ class StepWeights:
             total = total.clamp(min=1)
         elif not total:
             return self._empty()
-        if self._probe is not None:
-            self._settle(micro_batches, total)
+        if self._probing:
+            self._settle(micro_batches, total, probe)
         return total
 
-    def _settle(self, micro_batches: list, total: torch.Tensor) -> None:
+    def _settle(
+        self, micro_batches: list, total: torch.Tensor, probe: Callable[[list, torch.Tensor], None]
+    ) -> None:
         """Measure a `**kwargs` forward on this step (it may wait for a step with targets)."""
-        cast(Callable, self._probe)(micro_batches, total)
+        probe(micro_batches, total)
         if not self._facts.probe:
-            self._probe = None
+            self._probing = False
             self._normalised = self._decide()
 
     def share(self, inputs: Any, num_items: torch.Tensor | None) -> torch.Tensor | None:
