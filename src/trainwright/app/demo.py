@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -69,7 +70,7 @@ def run_demo(output_dir: str = "trainwright_demo", max_steps: int = 600, **overr
     start = time.time()
     before = trainer.evaluate()
     result = trainer.train()
-    after = _final_evaluation(trainer)
+    after = _final_evaluation(trainer.state, trainer.evaluate)
     trainer.save_model()
     trainer.save_state()
     trainer.log_metrics("train", result.metrics)
@@ -118,14 +119,14 @@ def say_threads(picked: tuple[int, str]) -> None:
     print(f"trainwright demo: {threads} torch thread{'s' if threads != 1 else ''} ({why})", flush=True)
 
 
-def _final_evaluation(trainer: Any) -> dict[str, Any]:
+def _final_evaluation(state: Any, evaluate: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """The evaluation of the trained model: the one training ran at its last step (eval_steps divides
-    max_steps), else a new one; not the same evaluation twice."""
-    step = trainer.state.global_step
-    last = [r for r in trainer.state.log_history if "eval_loss" in r and r.get("step") == step]
+    max_steps, found in the trainer's `state`), else a new one (`evaluate`); not the same twice."""
+    step = state.global_step
+    last = [r for r in state.log_history if "eval_loss" in r and r.get("step") == step]
     if last:
         return {k: v for k, v in last[-1].items() if k.startswith("eval_") or k == "epoch"}
-    return trainer.evaluate()
+    return evaluate()
 
 
 def speed_window(args: Any) -> int:

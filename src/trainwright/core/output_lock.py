@@ -1,6 +1,6 @@
 """One writer per `output_dir`, checked before any compute: writability and an advisory lock.
 
-`Trainer.train()` (and `TFTrainer.train()`) calls `claim_output_dir(trainer)` before the training loop
+`Trainer.train()` (and `TFTrainer.train()`) calls `claim_output_dir(args, runtime)` before the training loop
 starts. On every process that writes files (`args.should_save`: the main process, or each node's local
 main process with `save_on_each_node`) it
 
@@ -415,14 +415,13 @@ def moved_since_locked(folder: str) -> str | None:
     )
 
 
-def claim_output_dir(trainer: Any, folder: str | None = None) -> OutputDirLock | None:
+def claim_output_dir(args: Any, runtime: Any = None, folder: str | None = None) -> OutputDirLock | None:
     """Check `output_dir` is writable and lock it on the writing process(es); every rank raises the
     same `OutputDirError` when one of them fails. Returns the lock to release (None on other ranks).
     `folder`: the folder the run writes when it is not `output_dir` (a search trial's run folder:
-    trials running at once in other processes share `output_dir`). `trainer` needs `args`
-    (`output_dir`, `should_save`) and, with several processes, `runtime` (`world_size`,
-    `all_gather_object`)."""
-    args, runtime = trainer.args, getattr(trainer, "runtime", None)
+    trials running at once in other processes share `output_dir`). Read: the arguments'
+    `output_dir` and `should_save`, and with several processes the runtime's `world_size` and
+    `all_gather_object` (None: one process)."""
     folder = args.output_dir if folder is None else folder
     lock, failure = None, None
     if args.should_save:

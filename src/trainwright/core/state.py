@@ -112,9 +112,7 @@ class TrainerState:
         self.num_train_epochs = num_train_epochs
         self.is_local_process_zero = trainer.is_local_process_zero()
         self.is_world_process_zero = trainer.is_world_process_zero()
-        if trial is not None and getattr(trainer, "hp_search_backend", None) is not None:
-            # The search layer names the trial; the state only records it (no import upward).
-            self.trial_name, self.trial_params = trainer._hp_trial_record(trial)
+        # a search trial's name and parameters: the Trainer records them (the search layer knows both)
 
 
 # trainwright's attributes of TrainerState that earlier releases wrote into trainer_state.json

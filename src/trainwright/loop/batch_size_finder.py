@@ -17,7 +17,7 @@ import functools
 import logging
 import os
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -25,19 +25,6 @@ from trainwright.args.training_args import TrainingArguments
 from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import TrainerState
 from trainwright.distributed import device_cache
-
-
-class RetryableTrainer(Protocol):
-    """What a batch-size search needs of the Trainer (a Protocol, so this module never imports the loop)."""
-
-    args: TrainingArguments
-    runtime: Any
-    _train_batch_size: int
-
-    def _inner_training_loop(self, *args: Any, **kwargs: Any) -> Any: ...
-
-    def _forget_failed_run(self) -> None: ...
-
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -101,15 +88,20 @@ def saved_batch_size(checkpoint: str) -> int | None:
     return state.train_batch_size
 
 
-def train_with_search(trainer: RetryableTrainer, resume_path: str | None, run: Callable[[int], T]) -> T:
-    """Run the inner loop `run(batch_size)` under the batch size search. For each try the Trainer's
-    `args.per_device_train_batch_size` is the size being tried (everything that reads the batch
-    geometry, checkpoints included, sees the real one); the caller's value is put back at the end,
-    and the inner loop keeps the size in `trainer._train_batch_size` for the next `train()`. Each
-    try builds a run of its own; the failed one is dropped before the next."""
-    args = trainer.args
+def train_with_search(
+    args: TrainingArguments,
+    start: int,
+    device: Any,
+    forget_failed_run: Callable[[], None],
+    resume_path: str | None,
+    run: Callable[[int], T],
+) -> T:
+    """Run the inner loop `run(batch_size)` under the batch size search, from `start` (a resumed
+    checkpoint's size first). For each try `args.per_device_train_batch_size` is the size being
+    tried (everything that reads the batch geometry, checkpoints included, sees the real one); the
+    caller's value is put back at the end, and the inner loop keeps the size for the next `train()`.
+    Each try builds a run of its own; the failed one is dropped (`forget_failed_run`) before the next."""
     given = args.per_device_train_batch_size
-    start = trainer._train_batch_size or given
     if resume_path is not None:
         start = saved_batch_size(resume_path) or start
 
@@ -118,8 +110,8 @@ def train_with_search(trainer: RetryableTrainer, resume_path: str | None, run: C
         return run(batch_size)
 
     def reset() -> None:
-        trainer._forget_failed_run()
-        device_cache.empty_device_cache(trainer.runtime.device, collect_garbage=True)
+        forget_failed_run()
+        device_cache.empty_device_cache(device, collect_garbage=True)
         # The random streams start again as at the first try: dropout and data order of the retry are
         # those of a run started at this batch size.
         if args.full_determinism:
@@ -133,15 +125,26 @@ def train_with_search(trainer: RetryableTrainer, resume_path: str | None, run: C
         args.per_device_train_batch_size = given
 
 
-def inner_loop(trainer: RetryableTrainer, resume_path: str | None) -> Callable[..., Any]:
-    """`trainer._inner_training_loop` with its `batch_size` bound: the given one, or, with
-    `auto_find_batch_size`, the one the search settles on (upstream's `find_executable_batch_size`)."""
-    function = trainer._inner_training_loop
-    if not trainer.args.auto_find_batch_size:
-        return functools.partial(function, batch_size=trainer.args.per_device_train_batch_size)
+def inner_loop(
+    function: Callable[..., Any],
+    args: TrainingArguments,
+    found: int | None,
+    device: Any,
+    forget_failed_run: Callable[[], None],
+    resume_path: str | None,
+) -> Callable[..., Any]:
+    """The Trainer's `_inner_training_loop` (`function`, bound) with its `batch_size` bound: the
+    given one, or, with `auto_find_batch_size`, the one the search settles on (upstream's
+    `find_executable_batch_size`), starting from the size an earlier `train()` found (`found`)."""
+    if not args.auto_find_batch_size:
+        return functools.partial(function, batch_size=args.per_device_train_batch_size)
+    start = found or args.per_device_train_batch_size
 
     def search(**kwargs: Any) -> Any:
-        return train_with_search(trainer, resume_path, lambda size: function(batch_size=size, **kwargs))
+        def run(size: int) -> Any:
+            return function(batch_size=size, **kwargs)
+
+        return train_with_search(args, start, device, forget_failed_run, resume_path, run)
 
     return search
 

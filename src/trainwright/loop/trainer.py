@@ -80,14 +80,17 @@ class Trainer(TrainerAPI):
         resume_path = resume.resolve_resume_path(
             args, None if resume_from_checkpoint is False else resume_from_checkpoint
         )
-        inner_training_loop = batch_size_finder.inner_loop(self, resume_path)  # auto_find_batch_size
+        found, forget = self._train_batch_size, self._forget_failed_run  # auto_find_batch_size
+        inner = batch_size_finder.inner_loop(
+            self._inner_training_loop, args, found, self.runtime.device, forget, resume_path
+        )
         lock = None
         try:
             # writable, and no other run writing it (a search trial: its run folder)
-            lock = claim_output_dir(self, self._get_output_dir(trial))
+            lock = claim_output_dir(args, self.runtime, self._get_output_dir(trial))
             with plugins.around_train(self._plugins, self.model), hub.quiet_progress_bars(args.push_to_hub):
                 try:
-                    output = inner_training_loop(
+                    output = inner(
                         args=args,
                         resume_from_checkpoint=resume_path,
                         trial=trial,
@@ -157,7 +160,9 @@ class Trainer(TrainerAPI):
         )
         self.state.is_hyper_param_search = trial is not None
         self.state.compute_steps(args, max_steps)
-        self.state.init_training_references(self, max_steps, epochs, trial)
+        self.state.init_training_references(self, max_steps, epochs, trial)  # upstream's call
+        if trial is not None and self.hp_search_backend is not None:
+            self.state.trial_name, self.state.trial_params = self._hp_trial_record(trial)
         if args.gradient_checkpointing:  # a dict or None since TrainingArguments.__post_init__
             enable_activation_checkpointing(
                 self.model, cast("dict[str, Any] | None", args.gradient_checkpointing_kwargs)

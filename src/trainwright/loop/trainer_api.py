@@ -20,14 +20,13 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from trainwright import data as data_utils
 from trainwright.args.training_args import TrainingArguments
 from trainwright.checkpoint.weights import check_load_result
 from trainwright.core.events import TrainerCallback
 from trainwright.core.state import LoopCursor, metric_improves
 from trainwright.distributed.accelerator import RuntimeAccelerator
 from trainwright.distributed.engine import load_weights
-from trainwright.loop import batch_size_finder, dataloaders, optimization
+from trainwright.loop import batch_size_finder, optimization
 from trainwright.loop.checkpoint_parts import write_model
 from trainwright.loop.checkpointer import load_rng_state, run_dir
 from trainwright.loop.eval import hooks as prediction
@@ -154,74 +153,6 @@ class TrainerAPI(TrainerSetup):
     def end(self) -> None:
         """Destroy the process group, once everything that needs the other processes is done."""
         self.runtime.shutdown()
-
-    # ------------------------------------------------------------------ data
-    def _set_signature_columns_if_needed(self) -> None:
-        """The batch keys the model takes: its forward's named arguments and the label names."""
-        if self._signature_columns is None:
-            keep = data_utils.forward_arg_names(self.model) | set(self.label_names)
-            self._signature_columns = sorted(keep)
-
-    def _remove_unused_columns(self, dataset: Any, description: str | None = None) -> Any:
-        """A `datasets.Dataset` without the columns the model does not take (others unchanged)."""
-        if not self.args.remove_unused_columns or not dataloaders.is_hf_dataset(dataset):
-            return dataset
-        self._set_signature_columns_if_needed()
-        assert self._signature_columns is not None  # set just above
-        return data_utils.remove_unused_columns(dataset, set(self._signature_columns), description)
-
-    def _get_collator_with_removed_columns(self, data_collator: Callable, description: str | None = None):
-        """The collator behind a filter that drops the keys the model does not take."""
-        if not self.args.remove_unused_columns:
-            return data_collator
-        self._set_signature_columns_if_needed()
-        assert self._signature_columns is not None  # set just above
-        return data_utils.RemoveColumnsCollator(
-            data_collator, set(self._signature_columns), description=description
-        )
-
-    def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
-        """The training sampler: resumable (seen samples are skipped, never loaded), by (seed, epoch)."""
-        dataset = train_dataset if train_dataset is not None else self.train_dataset
-        bs = self.args.per_device_train_batch_size
-        return data_utils.build_sampler(dataset, self.args, self.runtime, train=True, batch_size=bs)
-
-    def _get_eval_sampler(self, eval_dataset: Any) -> torch.utils.data.Sampler | None:
-        """The evaluation sampler: dataset order, dealt across processes."""
-        bs = self.args.per_device_eval_batch_size
-        return data_utils.build_sampler(eval_dataset, self.args, self.runtime, train=False, batch_size=bs)
-
-    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
-        """Training dataloader: resumable sampler, worker seeds fixed by (seed, epoch)."""
-        return dataloaders.train_dataloader(self)
-
-    def get_resumed_dataloader(self, dataloader: Any, num_batches: int) -> Any:
-        """The training loader of a resumed epoch past its first `num_batches` batches (transformers
-        5.25). trainwright's loader starts its sampler after them, loading none; another loader loads
-        and drops them. A subclass's override is called where a resume skips, as upstream."""
-        return dataloaders.resumed_dataloader(dataloader, num_batches)
-
-    def get_eval_dataloader(self, eval_dataset: str | Dataset | None = None) -> torch.utils.data.DataLoader:
-        """Evaluation dataloader (a name selects one of a dict of eval datasets)."""
-        return dataloaders.eval_dataloader(self, eval_dataset)
-
-    def _get_dataloader(
-        self,
-        dataset: Dataset,
-        description: str,
-        batch_size: int,
-        sampler_fn: Callable[[Dataset], torch.utils.data.Sampler] | None = None,
-        is_training: bool = False,
-        dataloader_key: str | None = None,
-    ) -> torch.utils.data.DataLoader:
-        """A data loader of `dataset` as the Trainer builds its own (upstream's helper, which
-        subclasses such as TRL's GRPOTrainer call with their own batch size and sampler)."""
-        return dataloaders.get_dataloader(
-            self, dataset, description, batch_size, sampler_fn, is_training, dataloader_key
-        )
-
-    def get_test_dataloader(self, test_dataset: Dataset) -> torch.utils.data.DataLoader:
-        return dataloaders.inference_dataloader(self, test_dataset, "test")
 
     # ------------------------------------------------------------------ optimizer / schedule
     def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
@@ -532,14 +463,28 @@ class TrainerAPI(TrainerSetup):
     ) -> dict[str, float]:
         """Evaluate; with a dict of datasets, each one's metrics are prefixed `eval_<name>_`."""
         self._sync_args()
-        return prediction.evaluate(_whole(self), eval_dataset, ignore_keys, metric_key_prefix)
+        datasets = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if isinstance(datasets, dict):
+            given = eval_dataset is not None
+            return prediction.evaluate_each(self.evaluate, datasets, given, ignore_keys, metric_key_prefix)
+        loss_only = True if self.compute_metrics is None else None
+        call = self._prediction_call(self.get_eval_dataloader)
+        return call.evaluate(eval_dataset, ignore_keys, metric_key_prefix, loss_only)
 
     def predict(
         self, test_dataset: Dataset, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
     ) -> PredictionOutput:
         """Predictions (padded with -100 across batches), labels and metrics for a dataset."""
         self._sync_args()
-        return prediction.predict(_whole(self), test_dataset, ignore_keys, metric_key_prefix)
+        return self._prediction_call(self.get_test_dataloader).predict(
+            test_dataset, ignore_keys, metric_key_prefix
+        )
+
+    def _prediction_call(self, loader: Callable[[Any], Any]) -> prediction.PredictionCall:
+        """What one evaluate() / predict() reads of the Trainer, taken now; its hooks bound."""
+        whole, memory, loop = _whole(self), self._memory_tracker, self.evaluation_loop
+        args = (self.args, self.runtime, self.state, memory, self.is_in_train, self._metric_key())
+        return prediction.PredictionCall(*args, loader=loader, loop=loop, fire=whole._fire, log=whole.log)
 
     def evaluation_loop(
         self,
@@ -550,9 +495,15 @@ class TrainerAPI(TrainerSetup):
         metric_key_prefix: str = "eval",
     ) -> EvalLoopOutput:
         """Run `prediction_step` over a dataloader, streaming results to the CPU."""
-        return prediction.evaluation_loop(
-            _whole(self), dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
-        )
+        run = self._run  # the loop's own evaluation (`run.evaluating()`) stops at a preemption
+        stops = run if run is not None and run.eval_stops_on_preemption else None
+        call = prediction.LoopCall(
+            self.args, self.runtime, self.model, self.optimizer, self.callback_handler, self.is_in_train,
+            self.compute_metrics, self.preprocess_logits_for_metrics, self.prediction_step,
+            self.num_examples, _whole(self)._fire, run is not None and run.engine.collective_forward,
+            stops.preempted if stops else None, stops.preemption if stops else None,
+        )  # fmt: skip
+        return call.run(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
 
     def prediction_step(
         self,
@@ -562,7 +513,11 @@ class TrainerAPI(TrainerSetup):
         ignore_keys: list[str] | None = None,
     ) -> tuple[torch.Tensor | None, Any, Any]:
         """(loss, logits, labels) for one batch, without gradients."""
-        return prediction.prediction_step(_whole(self), model, inputs, prediction_loss_only, ignore_keys)
+        whole = _whole(self)  # its step-path hooks, bound: a subclass's overrides run
+        return prediction.prediction_step(
+            model, inputs, prediction_loss_only, ignore_keys, self.label_names, self.can_return_loss,
+            whole._prepare_inputs, whole.compute_loss, whole.compute_loss_context_manager,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ hyperparameter search
     def hyperparameter_search(self, *args: Any, **kwargs: Any):

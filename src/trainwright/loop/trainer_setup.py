@@ -350,6 +350,85 @@ class TrainerSetup:
             args.per_device_train_batch_size * args.gradient_accumulation_steps * self.runtime.data_world_size
         )
 
+    # ------------------------------------------------------------------ data (upstream's loader hooks; run sizing reads the loaders)
+    def _set_signature_columns_if_needed(self) -> None:
+        """The batch keys the model takes: its forward's named arguments and the label names."""
+        if self._signature_columns is None:
+            keep = data_utils.forward_arg_names(self.model) | set(self.label_names)
+            self._signature_columns = sorted(keep)
+
+    def _remove_unused_columns(self, dataset: Any, description: str | None = None) -> Any:
+        """A `datasets.Dataset` without the columns the model does not take (others unchanged)."""
+        if not self.args.remove_unused_columns or not dataloaders.is_hf_dataset(dataset):
+            return dataset
+        self._set_signature_columns_if_needed()
+        assert self._signature_columns is not None  # set just above
+        return data_utils.remove_unused_columns(dataset, set(self._signature_columns), description)
+
+    def _get_collator_with_removed_columns(self, data_collator: Callable, description: str | None = None):
+        """The collator behind a filter that drops the keys the model does not take."""
+        if not self.args.remove_unused_columns:
+            return data_collator
+        self._set_signature_columns_if_needed()
+        assert self._signature_columns is not None  # set just above
+        return data_utils.RemoveColumnsCollator(
+            data_collator, set(self._signature_columns), description=description
+        )
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
+        """The training sampler: resumable (seen samples are skipped, never loaded), by (seed, epoch)."""
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        bs = self.args.per_device_train_batch_size
+        return data_utils.build_sampler(dataset, self.args, self.runtime, train=True, batch_size=bs)
+
+    def _get_eval_sampler(self, eval_dataset: Any) -> torch.utils.data.Sampler | None:
+        """The evaluation sampler: dataset order, dealt across processes."""
+        bs = self.args.per_device_eval_batch_size
+        return data_utils.build_sampler(eval_dataset, self.args, self.runtime, train=False, batch_size=bs)
+
+    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
+        """Training dataloader: resumable sampler, worker seeds fixed by (seed, epoch)."""
+        if self.train_dataset is None:
+            raise ValueError("Trainer: training requires a train_dataset.")
+        size = self.args.per_device_train_batch_size
+        return self._loaders().get(self.train_dataset, "training", size, self._get_train_sampler, True)
+
+    def _loaders(self) -> dataloaders.Loaders:
+        """What building a data loader reads of the Trainer, taken now; its hooks bound."""
+        model, prepare = getattr(self, "model", None), self._accelerator.prepare_data_loader
+        hooks = (self._remove_unused_columns, self._get_collator_with_removed_columns, self._get_eval_sampler)
+        return dataloaders.Loaders(
+            self.args, self.runtime, self.data_collator, model, *hooks, prepare, self._eval_dataloaders
+        )
+
+    def get_resumed_dataloader(self, dataloader: Any, num_batches: int) -> Any:
+        """The training loader of a resumed epoch past its first `num_batches` batches (transformers
+        5.25). trainwright's loader starts its sampler after them, loading none; another loader loads
+        and drops them. A subclass's override is called where a resume skips, as upstream."""
+        return dataloaders.resumed_dataloader(dataloader, num_batches)
+
+    def get_eval_dataloader(self, eval_dataset: str | Dataset | None = None) -> torch.utils.data.DataLoader:
+        """Evaluation dataloader (a name selects one of a dict of eval datasets)."""
+        sources, log = self._eval_dataloader_datasets, self.state.log_history
+        return self._loaders().evaluation(self.eval_dataset, eval_dataset, sources, log)
+
+    def _get_dataloader(
+        self,
+        dataset: Dataset,
+        description: str,
+        batch_size: int,
+        sampler_fn: Callable[[Dataset], torch.utils.data.Sampler] | None = None,
+        is_training: bool = False,
+        dataloader_key: str | None = None,
+    ) -> torch.utils.data.DataLoader:
+        """A data loader of `dataset` as the Trainer builds its own (upstream's helper, which
+        subclasses such as TRL's GRPOTrainer call with their own batch size and sampler)."""
+        loaders = self._loaders()
+        return loaders.get(dataset, description, batch_size, sampler_fn, is_training, dataloader_key)
+
+    def get_test_dataloader(self, test_dataset: Dataset) -> torch.utils.data.DataLoader:
+        return self._loaders().inference(test_dataset, "test")
+
 
 def _set_log_level(args: TrainingArguments) -> None:
     """This process's log level for trainwright (and transformers, as upstream's Trainer sets it)."""

@@ -38,7 +38,7 @@ def guarded_train(trainer: Any, run: Callable[[], Any]) -> Any:
     args = trainer.args
     lock, failure = None, None
     try:
-        lock = claim_output_dir(trainer)
+        lock = claim_output_dir(args, getattr(trainer, "runtime", None))
     except OutputDirError as exc:
         failure = exc
     try:
