@@ -479,18 +479,12 @@ class TrainerAPI(TrainerSetup):
         `state.log_history` (main process only; see `model_card.py`)."""
         from trainwright.loop.hub.model_card import write_model_card
 
-        write_model_card(
-            self,
-            language=language,
-            license=license,
-            tags=tags,
-            model_name=model_name,
-            finetuned_from=finetuned_from,
-            tasks=tasks,
-            dataset_tags=dataset_tags,
-            dataset=dataset,
-            dataset_args=dataset_args,
-        )
+        if self.is_world_process_zero():
+            write_model_card(
+                self._card_source(), language=language, license=license, tags=tags, model_name=model_name,
+                finetuned_from=finetuned_from, tasks=tasks, dataset_tags=dataset_tags, dataset=dataset,
+                dataset_args=dataset_args,
+            )  # fmt: skip
 
     def push_to_hub(
         self,
@@ -503,17 +497,19 @@ class TrainerAPI(TrainerSetup):
     ) -> Any:
         """Save the model, write its card (`kwargs` go to `create_model_card`) and upload output_dir
         to `hub_model_id`. Returns the commit info, or a Future of it when not `blocking`."""
-        return hub.push_to_hub(self, commit_message, blocking, token, revision, private, **kwargs)
+        push = self._hub_push(token if token is not None else self.args.hub_token, private)
+        hooks = (self.save_model, self.create_model_card)  # upstream's, called where upstream calls them
+        return hub.push_to_hub(push, *hooks, commit_message, blocking, token, revision, **kwargs)
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
         """Push a checkpoint just saved in the background, as `hub_strategy` says."""
-        pushed = hub.push_from_checkpoint(self, checkpoint_folder)
+        pushed = hub.push_from_checkpoint(self._hub_push(), checkpoint_folder)
         if pushed is not None:
             self.push_in_progress = pushed
 
     def _finish_current_push(self) -> None:
         """Wait for the background push of the last checkpoint."""
-        hub.finish_current_push(self)
+        hub.finish_current_push(getattr(self, "push_in_progress", None))
 
     # ------------------------------------------------------------------ evaluate / predict
     def evaluate(
