@@ -313,7 +313,10 @@ class TrainerAPI(TrainerSetup):
         if trial is not None and self.hp_search_backend is not None:
             from trainwright.loop.search.hpo import report_to_hp_search
 
-            report_to_hp_search(self, trial, metrics)
+            def stop() -> None:  # a trial the backend stops ends first, as upstream's does
+                self.callback_handler.on_train_end(self.args, self.state, self.control)
+
+            report_to_hp_search(self._hp_search, trial, metrics, self.state.global_step, stop)
         if self._scheduler_is_plateau() and not skip_scheduler:
             self.lr_scheduler.step(metrics[self._metric_key()])
         return metrics
@@ -322,7 +325,7 @@ class TrainerAPI(TrainerSetup):
         """The trial's run name and parameters for `TrainerState` (the search layer knows both)."""
         from trainwright.loop.search.hpo import trial_params, trial_run_name
 
-        return trial_run_name(self, trial), trial_params(trial)
+        return trial_run_name(self._hp_search, trial), trial_params(trial)
 
     def _metric_key(self) -> str:
         name = self.args.metric_for_best_model or "loss"
@@ -557,21 +560,25 @@ class TrainerAPI(TrainerSetup):
         """Search hyperparameters with optuna or Ray Tune (see `trainwright.loop.search.hpo`, `.ray_tune`)."""
         from trainwright.loop.search.hpo import run_hyperparameter_search
 
-        return run_hyperparameter_search(_whole(self), *args, **kwargs)
+        return run_hyperparameter_search(_whole(self), self._hp_search_scope, *args, **kwargs)
 
     @contextlib.contextmanager
     def _hp_search_scope(self, backend: str, search: Any) -> Iterator[None]:
-        """While a search runs: its backend and state on the Trainer; the caller's arguments back after."""
+        """While a search runs: its backend and state on the Trainer, no run or kept eval loader from
+        before (each trial builds its own); the caller's arguments back after."""
         base_args = self.args
-        self.hp_search_backend, self._hp_search = backend, search
+        self.hp_search_backend, self._hp_search, self._run = backend, search, None
+        self._eval_dataloaders, self._eval_dataloader_datasets = {}, {}
         try:
             yield
         finally:
             self.args, self.hp_search_backend, self._hp_search = base_args, None, None
 
-    def _set_trial_args(self, args: TrainingArguments) -> None:
-        """A search trial's arguments (the base arguments with the trial's values)."""
-        self.args = args
+    def _hp_search_setup(self, trial: Any) -> None:
+        """Upstream's hook at the start of `train(trial=...)`: a search trial's arguments (the search's
+        base arguments with the trial's values)."""
+        if trial is not None and self._hp_search is not None:
+            self.args = self._hp_search.trial_args(trial)
 
 
 def _whole(part: TrainerSetup) -> Any:

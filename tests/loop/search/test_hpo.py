@@ -308,10 +308,9 @@ def test_args_for_trial_casts_validates_and_skips_unknown_keys(make_args):
         args_for_trial(args, {"hidden_size": 32}, already_warned=warned)  # warned once only
 
 
-def test_trial_run_name_without_a_search_is_run_number(make_trainer):
-    trainer, _ = make_trainer()
+def test_trial_run_name_without_a_search_is_run_number():
     trial = optuna.create_study().ask()
-    assert trial_run_name(trainer, trial) == f"run-{trial.number}"
+    assert trial_run_name(None, trial) == f"run-{trial.number}"
 
 
 def test_a_search_where_every_trial_was_pruned_says_so(make_trainer):
