@@ -16,6 +16,7 @@ from kit import hf
 
 import trainwright
 from trainwright import Trainer
+from trainwright.loop.search.common import Search
 
 tokenizer, tokenizer_dir = hf.tokenizer, hf.tokenizer_dir  # session fixtures
 
@@ -116,8 +117,16 @@ def test_the_accelerator_follows_a_search_trials_arguments(make_args):
     """A search trial's arguments reach `trainer.accelerator` (upstream makes a new accelerator for
     each trial); the caller's come back after the search."""
     trainer = _trainer(make_args)
-    trial_args = make_args(max_steps=3, gradient_accumulation_steps=4)
-    with trainer._hp_search_scope("optuna", None):
-        trainer._set_trial_args(trial_args)
+    search = Search(
+        compute_objective=lambda metrics: 0.0,
+        hp_name=None,
+        multi_objective=False,
+        run_id=str,
+        report=lambda *_: None,
+        params=lambda trial: {"gradient_accumulation_steps": 4},
+        base_args=trainer.args,
+    )
+    with trainer._hp_search_scope("optuna", search):
+        trainer._hp_search_setup(trial={"trial": 0})  # upstream's hook at train(trial=...)'s start
         assert trainer.accelerator.gradient_accumulation_steps == 4
     assert trainer.accelerator.gradient_accumulation_steps == 1

@@ -61,6 +61,7 @@ class Trainer(TrainerAPI):
         """Run the training loop; `resume_from_checkpoint=True` takes the newest complete checkpoint."""
         if kwargs:
             raise TypeError(f"train() got unexpected keyword arguments: {sorted(kwargs)}")
+        self._hp_search_setup(trial)
         self._sync_args()
         args = self.args
         self.is_in_train = True

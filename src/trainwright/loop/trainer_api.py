@@ -244,7 +244,10 @@ class TrainerAPI(TrainerSetup):
         if trial is not None and self.hp_search_backend is not None:
             from trainwright.loop.search.hpo import report_to_hp_search
 
-            report_to_hp_search(self, trial, metrics)
+            def stop() -> None:  # a trial the backend stops ends first, as upstream's does
+                self.callback_handler.on_train_end(self.args, self.state, self.control)
+
+            report_to_hp_search(self._hp_search, trial, metrics, self.state.global_step, stop)
         if self._scheduler_is_plateau() and not skip_scheduler:
             self.lr_scheduler.step(metrics[self._metric_key()])
         return metrics
@@ -253,7 +256,7 @@ class TrainerAPI(TrainerSetup):
         """The trial's run name and parameters for `TrainerState` (the search layer knows both)."""
         from trainwright.loop.search.hpo import trial_params, trial_run_name
 
-        return trial_run_name(self, trial), trial_params(trial)
+        return trial_run_name(self._hp_search, trial), trial_params(trial)
 
     def _metric_key(self) -> str:
         name = self.args.metric_for_best_model or "loss"
@@ -418,18 +421,12 @@ class TrainerAPI(TrainerSetup):
         `state.log_history` (main process only; see `model_card.py`)."""
         from trainwright.loop.hub.model_card import write_model_card
 
-        write_model_card(
-            self,
-            language=language,
-            license=license,
-            tags=tags,
-            model_name=model_name,
-            finetuned_from=finetuned_from,
-            tasks=tasks,
-            dataset_tags=dataset_tags,
-            dataset=dataset,
-            dataset_args=dataset_args,
-        )
+        if self.is_world_process_zero():
+            write_model_card(
+                self._card_source(), language=language, license=license, tags=tags, model_name=model_name,
+                finetuned_from=finetuned_from, tasks=tasks, dataset_tags=dataset_tags, dataset=dataset,
+                dataset_args=dataset_args,
+            )  # fmt: skip
 
     def push_to_hub(
         self,
@@ -442,17 +439,19 @@ class TrainerAPI(TrainerSetup):
     ) -> Any:
         """Save the model, write its card (`kwargs` go to `create_model_card`) and upload output_dir
         to `hub_model_id`. Returns the commit info, or a Future of it when not `blocking`."""
-        return hub.push_to_hub(self, commit_message, blocking, token, revision, private, **kwargs)
+        push = self._hub_push(token if token is not None else self.args.hub_token, private)
+        hooks = (self.save_model, self.create_model_card)  # upstream's, called where upstream calls them
+        return hub.push_to_hub(push, *hooks, commit_message, blocking, token, revision, **kwargs)
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
         """Push a checkpoint just saved in the background, as `hub_strategy` says."""
-        pushed = hub.push_from_checkpoint(self, checkpoint_folder)
+        pushed = hub.push_from_checkpoint(self._hub_push(), checkpoint_folder)
         if pushed is not None:
             self.push_in_progress = pushed
 
     def _finish_current_push(self) -> None:
         """Wait for the background push of the last checkpoint."""
-        hub.finish_current_push(self)
+        hub.finish_current_push(getattr(self, "push_in_progress", None))
 
     # ------------------------------------------------------------------ evaluate / predict
     def evaluate(
@@ -524,23 +523,27 @@ class TrainerAPI(TrainerSetup):
         """Search hyperparameters with optuna or Ray Tune (see `trainwright.loop.search.hpo`, `.ray_tune`)."""
         from trainwright.loop.search.hpo import run_hyperparameter_search
 
-        return run_hyperparameter_search(_whole(self), *args, **kwargs)
+        return run_hyperparameter_search(_whole(self), self._hp_search_scope, *args, **kwargs)
 
     @contextlib.contextmanager
     def _hp_search_scope(self, backend: str, search: Any) -> Iterator[None]:
-        """While a search runs: its backend and state on the Trainer; the caller's arguments back after."""
+        """While a search runs: its backend and state on the Trainer, no run or kept eval loader from
+        before (each trial builds its own); the caller's arguments back after."""
         base_args = self.args
-        self.hp_search_backend, self._hp_search = backend, search
+        self.hp_search_backend, self._hp_search, self._run = backend, search, None
+        self._eval_dataloaders, self._eval_dataloader_datasets = {}, {}
         try:
             yield
         finally:
             self.args, self.hp_search_backend, self._hp_search = base_args, None, None
             self._hand_accelerator()
 
-    def _set_trial_args(self, args: TrainingArguments) -> None:
-        """A search trial's arguments (the base arguments with the trial's values)."""
-        self.args = args
-        self._hand_accelerator()  # upstream makes a new accelerator for each trial
+    def _hp_search_setup(self, trial: Any) -> None:
+        """Upstream's hook at the start of `train(trial=...)`: a search trial's arguments (the search's
+        base arguments with the trial's values)."""
+        if trial is not None and self._hp_search is not None:
+            self.args = self._hp_search.trial_args(trial)
+            self._hand_accelerator()  # upstream makes a new accelerator for each trial
 
 
 def _whole(part: TrainerSetup) -> Any:

@@ -42,6 +42,7 @@ from trainwright.observe.memory import TrainerMemoryTracker
 from trainwright.reporters import get_reporting_integration_callbacks
 
 if TYPE_CHECKING:
+    from trainwright.loop.hub.model_card import CardSource
     from trainwright.loop.search.hpo import _Search
 
 logger = logging.getLogger(__name__)
@@ -318,10 +319,32 @@ class TrainerSetup:
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
         """Create the Hub repository `args.hub_model_id` (default: output_dir's name) if it does not
         exist and keep its id in `self.hub_model_id` (main process only)."""
-        self.hub_model_id = hub.init_repo(
-            cast(Any, self), token=token, private=private
-        )  # always a whole Trainer
+        self.hub_model_id = hub.init_repo(self.args, self.is_world_process_zero(), token, private)
         self.push_in_progress = None
+
+    def _card_source(self) -> CardSource:
+        """What the model card reads of this Trainer's run (`create_model_card`)."""
+        from trainwright.loop.hub.model_card import CardSource
+
+        runtime = self.runtime
+        return CardSource(
+            self.args, self.state, self.model, self.train_dataset, self.eval_dataset,
+            runtime.world_size, runtime.device.type,
+        )  # fmt: skip
+
+    def _hub_push(self, token: str | None = None, private: bool | None = None) -> hub.HubPush:
+        """What a push reads now, and the two hooks it calls back (bound here, never kept)."""
+
+        def repo_id() -> str | None:
+            if self.hub_model_id is None:  # push_to_hub turned on, or called, after __init__
+                self.init_hf_repo(token=token, private=private)
+            return self.hub_model_id
+
+        args, state, control = self.args, self.state, self.control
+        return hub.HubPush(
+            args, state, self.is_world_process_zero(), self.model, self.processing_class,
+            self.push_in_progress, repo_id, lambda: self.callback_handler.on_push_begin(args, state, control),
+        )  # fmt: skip
 
     @property
     def model_accepts_loss_kwargs(self) -> bool:

@@ -235,6 +235,25 @@ def test_push_to_hub_without_push_to_hub_argument_creates_the_repo(tmp_path, mon
     assert hub.uploads[-1]["token"] == "hf_tok"
 
 
+def test_a_subclass_init_hf_repo_is_called_by_a_push_and_the_pusher_keeps_no_trainer(tmp_path, monkeypatch):
+    # the pusher reads values built at the call; the repository hook is the Trainer's, called back
+    hub = HubRecorder(monkeypatch)
+    made = []
+
+    class Named(Trainer):
+        def init_hf_repo(self, token=None, private=None):
+            made.append(token)
+            self.hub_model_id = "me/from-subclass"
+
+    trainer = make_trainer(tmp_path, push_to_hub=False, max_steps=2)
+    trainer.__class__ = Named
+    trainer.args.push_to_hub = True  # turned on after __init__: the first push makes the repository
+    trainer.train()
+    assert made == [None] and {u["repo_id"] for u in hub.uploads} == {"me/from-subclass"}
+    push = trainer._hub_push()
+    assert all(not isinstance(v, Trainer) for v in vars(push).values())
+
+
 def test_offline_mode_fails_at_construction_naming_the_setting(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(

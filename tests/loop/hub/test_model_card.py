@@ -347,3 +347,23 @@ def test_summary_metadata_through_model_card_data():
     summary.dataset_metadata = [{"config": "fr", "language": "fr"}]
     with pytest.raises(ValueError, match=r"org/donnees.*\['language'\]"):
         summary.to_model_card()
+
+
+def test_a_card_is_built_from_values_alone(tmp_path):
+    # no Trainer: the arguments, state, model and datasets a run hands in
+    from trainwright.core.state import TrainerState
+    from trainwright.loop.hub.model_card import CardSource, write_model_card
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "values"), per_device_train_batch_size=4, report_to="none"
+    )
+    state = TrainerState()
+    state.log_history = [{"loss": 1.5, "step": 1}, {"eval_loss": 1.25, "step": 1, "epoch": 1.0}]
+    run = CardSource(
+        args, state, RegressionModel(), RegressionDataset(), None, world_size=2, device_type="cuda"
+    )
+    path = write_model_card(run, tags="values")
+    text = open(path, encoding="utf-8").read()
+    assert "- distributed_type: multi-GPU\n- num_devices: 2\n" in text
+    assert "- total_train_batch_size: 8\n" in text and "- eval_loss: 1.25\n" in text
+    assert read_metadata(path)["tags"] == ["values", "generated_from_trainer"]

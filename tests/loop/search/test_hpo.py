@@ -308,10 +308,9 @@ def test_args_for_trial_casts_validates_and_skips_unknown_keys(make_args):
         args_for_trial(args, {"hidden_size": 32}, already_warned=warned)  # warned once only
 
 
-def test_trial_run_name_without_a_search_is_run_number(make_trainer):
-    trainer, _ = make_trainer()
+def test_trial_run_name_without_a_search_is_run_number():
     trial = optuna.create_study().ask()
-    assert trial_run_name(trainer, trial) == f"run-{trial.number}"
+    assert trial_run_name(None, trial) == f"run-{trial.number}"
 
 
 def test_a_search_where_every_trial_was_pruned_says_so(make_trainer):
@@ -320,3 +319,22 @@ def test_a_search_where_every_trial_was_pruned_says_so(make_trainer):
         trainer.hyperparameter_search(
             hp_space=lr_space, n_trials=2, pruner=optuna.pruners.ThresholdPruner(upper=0.0)
         )
+
+
+def test_a_subclass_hp_search_setup_is_called_at_each_trial_train(make_trainer):
+    # upstream's hook: train(trial=...) calls it first; the trial's values reach the arguments there
+    trainer, recorder = make_trainer()
+    seen = []
+
+    class Hooked(type(trainer)):
+        def _hp_search_setup(self, trial):
+            super()._hp_search_setup(trial)
+            seen.append((None if trial is None else trial.number, self.args.learning_rate))
+
+    trainer.__class__ = Hooked
+    trainer.hyperparameter_search(hp_space=lr_space, n_trials=2, backend="optuna")
+    assert [n for n, _ in seen] == [0, 1]
+    assert [lr for _, lr in seen] == [run["learning_rate"] for run in recorder.runs[:2]]
+    base_lr = trainer.args.learning_rate
+    trainer.train()  # no search: called without a trial, the caller's arguments kept
+    assert seen[-1] == (None, base_lr) and trainer._hp_search is None

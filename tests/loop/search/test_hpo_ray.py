@@ -210,16 +210,29 @@ def test_default_hp_space_ray_samples_whole_seeds_and_upstreams_ranges():
 def test_the_trainer_shipped_to_workers_has_no_model_and_an_absolute_output_dir(
     make_trainer, tmp_path, monkeypatch
 ):
+    # what run_ray_search hands to tune.with_parameters, caught there (Ray is never started)
     monkeypatch.chdir(tmp_path)
     trainer, _ = make_trainer(output_dir="relative_out")
-    search = hpo.Search(lambda m: 0.0, None, False, hpo_ray._ray_trial_id, hpo_ray._ray_report)
-    shipped = hpo_ray._shippable(trainer, os.path.abspath("relative_out"), search)
+    sent = {}
+
+    def with_parameters(trainable, **kwargs):
+        sent.update(kwargs)
+        raise RuntimeError("caught")
+
+    monkeypatch.setattr(hpo_ray, "_connect", lambda address: False)
+    monkeypatch.setattr(hpo_ray._import_tune(), "with_parameters", with_parameters)
+    with pytest.raises(RuntimeError, match="could not send the Trainer"):
+        trainer.hyperparameter_search(backend="ray", hp_space=lambda _: {"seed": 3}, n_trials=1)
+    shipped, search = sent["shipped"]
     assert shipped.model is None and shipped.optimizer is None and shipped.callback_handler.model is None
     assert shipped.args.output_dir == str(tmp_path / "relative_out")  # trials run in Tune's trial folders
+    assert search.base_args is shipped.args
+    # the copy holds the search as the Trainer's scope put it (one pickle: the same object in a worker)
     assert shipped.hp_search_backend == "ray" and shipped._hp_search is search
-    # the caller's trainer is unchanged
+    # the caller's trainer is unchanged, its scope closed
     assert trainer.model is not None and trainer.args.output_dir == "relative_out"
     assert trainer.hp_search_backend is None and trainer.callback_handler is not shipped.callback_handler
+    assert trainer._hp_search is None
 
 
 def test_checkpoint_folder_finds_the_trainer_checkpoint(tmp_path):

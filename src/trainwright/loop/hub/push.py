@@ -21,35 +21,16 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import trainwright.checkpoint as ckpt
 from trainwright.args.training_args import TrainingArguments
-from trainwright.core.events import CallbackHandler
-from trainwright.core.state import TrainerControl, TrainerState
+from trainwright.core.state import TrainerState
 from trainwright.core.version import __version__
-
-
-class HubTrainer(Protocol):
-    """What the Hub pushes need of the Trainer (a Protocol, so this module never imports the loop)."""
-
-    args: TrainingArguments
-    state: TrainerState
-    control: TrainerControl
-    callback_handler: CallbackHandler
-    model: Any
-    processing_class: Any
-    hub_model_id: str | None
-    push_in_progress: PushInProgress | None
-
-    def is_world_process_zero(self) -> bool: ...
-    def save_model(self, *args: Any, **kwargs: Any) -> Any: ...
-    def init_hf_repo(self, *args: Any, **kwargs: Any) -> Any: ...
-    def create_model_card(self, *args: Any, **kwargs: Any) -> Any: ...
-
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +70,23 @@ class PushInProgress:
         self.jobs = [job for job in self.jobs if not (job.cancel() or job.done())]
 
 
+@dataclass(frozen=True)
+class HubPush:
+    """What one push reads, built by the Trainer at each call from its values (this module never
+    holds the Trainer): the arguments and state of now, the push in flight, and two hooks bound at
+    the call, `repo_id` (the repository's id, made by the Trainer's `init_hf_repo` when missing)
+    and `begin` (the callbacks' `on_push_begin`)."""
+
+    args: TrainingArguments
+    state: TrainerState
+    is_main: bool
+    model: Any
+    processing_class: Any
+    in_flight: PushInProgress | None
+    repo_id: Callable[[], str | None]
+    begin: Callable[[], object]
+
+
 _APIS: dict[str, Any] = {}
 
 
@@ -103,8 +101,7 @@ def hf_api() -> Any:
     return _APIS[constants.ENDPOINT]
 
 
-def _setting(trainer: HubTrainer) -> str:
-    args = trainer.args
+def _setting(args: TrainingArguments) -> str:
     what = "push_to_hub=True" if args.push_to_hub else "Trainer.push_to_hub()"
     return f"{what} / hub_model_id={args.hub_model_id!r}"
 
@@ -135,18 +132,18 @@ def explain(error: BaseException, setting: str) -> Exception | None:
 
 
 @contextlib.contextmanager
-def _hub_call(trainer: HubTrainer) -> Iterator[None]:
+def _hub_call(args: TrainingArguments) -> Iterator[None]:
     try:
         yield
     except Exception as e:
-        explained = explain(e, _setting(trainer))
+        explained = explain(e, _setting(args))
         if explained is None:
             raise
         raise explained from e
 
 
-def _watch(trainer: HubTrainer, job: futures.Future, what: str) -> futures.Future:
-    setting = _setting(trainer)
+def _watch(args: TrainingArguments, job: futures.Future, what: str) -> futures.Future:
+    setting = _setting(args)
 
     def report(done: futures.Future) -> None:
         error = None if done.cancelled() else done.exception()
@@ -157,16 +154,17 @@ def _watch(trainer: HubTrainer, job: futures.Future, what: str) -> futures.Futur
     return job
 
 
-def init_repo(trainer: HubTrainer, token: str | None = None, private: bool | None = None) -> str | None:
+def init_repo(
+    args: TrainingArguments, is_main: bool, token: str | None = None, private: bool | None = None
+) -> str | None:
     """Create the repository if needed; its id (None on other processes than the main one)."""
-    if not trainer.is_world_process_zero():
+    if not is_main:
         return None
-    args = trainer.args
     assert args.output_dir is not None  # TrainingArguments.__post_init__ fills it in
     name = args.hub_model_id if args.hub_model_id is not None else Path(args.output_dir).absolute().name
     token = token if token is not None else args.hub_token
     private = private if private is not None else args.hub_private_repo
-    with _hub_call(trainer):
+    with _hub_call(args):
         url = hf_api().create_repo(name, token=token, private=private, exist_ok=True)
     return url.repo_id
 
@@ -183,34 +181,32 @@ def _copy_model_files(checkpoint: str, output_dir: str) -> None:
             shutil.copy(os.path.join(checkpoint, name), os.path.join(output_dir, name))
 
 
-def push_from_checkpoint(trainer: HubTrainer, checkpoint: str) -> PushInProgress | None:
+def push_from_checkpoint(push: HubPush, checkpoint: str) -> PushInProgress | None:
     """Push `output_dir` (and, per `hub_strategy`, the checkpoint) in the background after a save;
     the uploads now in flight when they are new ones (None: none started, or added to those in flight)."""
-    args = trainer.args
-    if not trainer.is_world_process_zero() or args.hub_strategy == "end":
+    args, state, in_flight = push.args, push.state, push.in_flight
+    if not push.is_main or args.hub_strategy == "end":
         return None
-    in_flight = trainer.push_in_progress
     if not args.hub_always_push and in_flight is not None and not in_flight.is_done():
         logger.info("Previous Hub push still running: %s is not pushed.", checkpoint)
         return None
-    if trainer.hub_model_id is None:  # push_to_hub turned on after the Trainer was built
-        trainer.init_hf_repo()
-    trainer.callback_handler.on_push_begin(args, trainer.state, trainer.control)
+    repo_id = push.repo_id()  # made now when push_to_hub was turned on after the Trainer was built
+    push.begin()
     output_dir = args.output_dir
     assert output_dir is not None  # TrainingArguments.__post_init__ fills it in
     _copy_model_files(checkpoint, output_dir)
     # The processing class may write any number of files: cheaper to save it again than to find them.
-    processing = trainer.processing_class
+    processing = push.processing_class
     if processing is not None and hasattr(processing, "save_pretrained"):
         processing.save_pretrained(output_dir)
     ckpt.write_training_args(output_dir, args.to_dict())
     if args.save_strategy == "steps":
-        message = f"Training in progress, step {trainer.state.global_step}"
+        message = f"Training in progress, step {state.global_step}"
     else:
-        message = f"Training in progress, epoch {int(trainer.state.epoch or 0)}"
-    common = {"repo_id": trainer.hub_model_id, "token": args.hub_token, "revision": args.hub_revision}
+        message = f"Training in progress, epoch {int(state.epoch or 0)}"
+    common = {"repo_id": repo_id, "token": args.hub_token, "revision": args.hub_revision}
     api = hf_api()
-    with _hub_call(trainer):
+    with _hub_call(args):
         jobs = [
             api.upload_folder(
                 folder_path=output_dir,
@@ -232,34 +228,36 @@ def push_from_checkpoint(trainer: HubTrainer, checkpoint: str) -> PushInProgress
                 )
             )
     for job in jobs:
-        _watch(trainer, job, message)
+        _watch(args, job, message)
     if in_flight is None or in_flight.is_done():
         return PushInProgress(jobs)
     in_flight.jobs.extend(jobs)  # hub_always_push: the final push waits for these too
     return None
 
 
-def finish_current_push(trainer: HubTrainer) -> None:
+def finish_current_push(in_flight: PushInProgress | None) -> None:
     """Wait for the background push of the last checkpoint (end of training, before a final push)."""
-    in_flight = getattr(trainer, "push_in_progress", None)
     if in_flight is not None and not in_flight.is_done():
         logger.info("Waiting for the current checkpoint push to finish.")
         in_flight.wait_until_done()
 
 
 def push_to_hub(
-    trainer: HubTrainer,
+    push: HubPush,
+    save_model: Callable[..., object],
+    create_model_card: Callable[..., object],
     commit_message: str | None = "End of training",
     blocking: bool = True,
     token: str | None = None,
     revision: str | None = None,
-    private: bool | None = None,
     **card_kwargs: Any,
 ) -> Any:
-    """`Trainer.push_to_hub`: save the model, write its card, upload output_dir. Returns the
-    `CommitInfo` (blocking) or a `Future` of it; None on processes other than the main one."""
-    args = trainer.args
-    trainer.callback_handler.on_push_begin(args, trainer.state, trainer.control)
+    """`Trainer.push_to_hub`: save the model, write its card, upload output_dir (`save_model` and
+    `create_model_card` are the Trainer's hooks, handed in at the call; the repository is made with
+    `token`, as `push.repo_id` was bound). Returns the `CommitInfo` (blocking) or a `Future` of it;
+    None on processes other than the main one."""
+    args = push.args
+    push.begin()
     model_name = card_kwargs.pop("model_name", None)
     if model_name is None and args.should_save:
         assert args.output_dir is not None  # TrainingArguments.__post_init__ fills it in
@@ -267,21 +265,20 @@ def push_to_hub(
             Path(args.output_dir).name if args.hub_model_id is None else args.hub_model_id.split("/")[-1]
         )
     token = token if token is not None else args.hub_token
-    if trainer.hub_model_id is None:
-        trainer.init_hf_repo(token=token, private=private)
-    trainer.save_model(_internal_call=True)  # every process: a sharded model is gathered
-    if not trainer.is_world_process_zero():
+    repo_id = push.repo_id()
+    save_model(_internal_call=True)  # every process: a sharded model is gathered
+    if not push.is_main:
         return None
-    model_tags = getattr(trainer.model, "model_tags", None)
+    model_tags = getattr(push.model, "model_tags", None)
     if model_tags is not None:  # tags the model carries (e.g. from TRL) join the card's
         tags = card_kwargs.get("tags") or []
         tags = [tags] if isinstance(tags, str) else list(tags)
         card_kwargs["tags"] = tags + [t for t in model_tags if t not in tags]
-    trainer.create_model_card(model_name=model_name, **card_kwargs)
-    finish_current_push(trainer)
-    with _hub_call(trainer):
+    create_model_card(model_name=model_name, **card_kwargs)
+    finish_current_push(push.in_flight)
+    with _hub_call(args):
         result = hf_api().upload_folder(
-            repo_id=trainer.hub_model_id,
+            repo_id=repo_id,
             folder_path=args.output_dir,
             commit_message=commit_message,
             token=token,
@@ -289,7 +286,7 @@ def push_to_hub(
             ignore_patterns=IGNORE_PATTERNS,
             revision=revision if revision is not None else args.hub_revision,
         )
-    return _watch(trainer, result, commit_message or "push") if not blocking else result
+    return _watch(args, result, commit_message or "push") if not blocking else result
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ import enum
 import numbers
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 # Metric keys that measure the run rather than the model; never part of the default objective.
@@ -23,18 +24,14 @@ Objective = float | Sequence[float]
 
 
 class SearchTrainer(Protocol):
-    """What a search needs of the Trainer (a Protocol: this layer never imports the loop)."""
+    """What a search's entry reads of the Trainer: upstream's attributes and hooks only (a Protocol:
+    this layer never imports the loop). The Trainer's own scope is handed in at the call."""
 
     args: Any
-    model: Any
     model_init: Callable[..., Any] | None
     eval_dataset: Any
     state: Any
-    control: Any
     callback_handler: Any
-    runtime: Any
-    hp_search_backend: str | None
-    _hp_search: Search | None
 
     def train(self, resume_from_checkpoint: Any = None, trial: Any = None, **kwargs: Any) -> Any: ...
 
@@ -42,26 +39,38 @@ class SearchTrainer(Protocol):
 
     def add_callback(self, callback: Any) -> None: ...
 
-    def _hp_search_scope(self, backend: str, search: Search) -> Any: ...
+    def _get_output_dir(self, trial: Any) -> str: ...
 
-    def _set_trial_args(self, args: Any) -> None: ...
 
-    def _fire(self, event: str, state: Any = None, extra: dict | None = None) -> None: ...
+# The Trainer's search scope, handed in at `hyperparameter_search`'s call: `scope(backend, search)`
+# puts the search on the Trainer while it runs and gives the caller's arguments back after.
+Scope = Callable[[str, "Search"], AbstractContextManager[Any]]
 
 
 @dataclasses.dataclass
 class Search:
-    """The running search (kept on the trainer as `_hp_search`): the user's functions and the
-    backend's hooks. `report(trainer, trial, objective, metrics)` hands an evaluation to the backend."""
+    """The running search (the Trainer keeps it while its scope is open): the user's functions and
+    the backend's hooks. `report(search, trial, objective, metrics, step, stop)` hands an evaluation
+    to the backend (`stop`: the Trainer's end of training, for a trial the backend stops);
+    `params(trial)` gives the values a trial tries, applied to `base_args` by `trial_args`."""
 
     compute_objective: Callable[[dict[str, float]], Objective]
     hp_name: Callable[[Any], str] | None
     multi_objective: bool
     run_id: Callable[[Any], str]
-    report: Callable[[Any, Any, Objective, dict[str, float]], None]
+    report: Callable[[Search, Any, Objective, dict[str, float], int, Callable[[], None]], None]
+    params: Callable[[Any], dict[str, Any]] = dict
+    base_args: Any = None  # the arguments every trial starts from
     warned: set[str] = dataclasses.field(default_factory=set)  # unknown hp_space keys already warned about
     reported: tuple[int, Objective] | None = None  # (global_step, objective) of the last evaluation
     pending: Any = None  # a backend's report waiting for the checkpoint of its step (Ray)
+
+    def trial_args(self, trial: Any) -> Any:
+        """The trial's arguments: `base_args` with `params(trial)` applied (`Trainer._hp_search_setup`)."""
+        params = self.params(trial)
+        if not isinstance(params, dict):
+            raise TypeError(f"hp_space must return a dict of argument values, got {type(params).__name__}.")
+        return args_for_trial(self.base_args, params, already_warned=self.warned)
 
 
 # ---------------------------------------------------------------------------------- defaults
@@ -92,10 +101,9 @@ def default_compute_objective(metrics: dict[str, float]) -> float:
 
 
 # ---------------------------------------------------------------------------------- per-trial hooks
-def trial_run_name(trainer: Any, trial: Any) -> str:
+def trial_run_name(search: Search | None, trial: Any) -> str:
     """The folder name (under output_dir) of a trial's run: `hp_name(trial)`, else `run-<trial id>`
     (optuna's trial number, Ray Tune's trial id)."""
-    search: Search | None = getattr(trainer, "_hp_search", None)
     if search is not None and search.hp_name is not None:
         name = search.hp_name(trial)
         if not isinstance(name, str) or not name:
@@ -125,16 +133,18 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def report_to_hp_search(trainer: Any, trial: Any, metrics: dict[str, float]) -> None:
-    """Hand an evaluation's objective to the search's backend (which may stop the trial)."""
-    search: Search | None = getattr(trainer, "_hp_search", None)
+def report_to_hp_search(
+    search: Search | None, trial: Any, metrics: dict[str, float], step: int, stop: Callable[[], None]
+) -> None:
+    """Hand the objective of an evaluation at `step` to the search's backend, which may stop the
+    trial (`stop`: the Trainer's end of training, called first)."""
     if search is None:
         raise RuntimeError("report_to_hp_search: no hyperparameter search is running on this trainer.")
     objective = search.compute_objective(dict(metrics))
-    search.reported = (trainer.state.global_step, objective)
+    search.reported = (step, objective)
     if not search.multi_objective:
         check_one_number(objective)
-    search.report(trainer, trial, objective, metrics)
+    search.report(search, trial, objective, metrics, step, stop)
 
 
 def check_one_number(objective: Any) -> float:
@@ -188,17 +198,17 @@ def _cast(name: str, value: Any, current: Any) -> Any:
 
 
 def final_objective(
-    trainer: Any, search: Search, n_values: int
+    search: Search, n_values: int, state: Any, args: Any, evaluate: Callable[[], dict[str, float]]
 ) -> tuple[float | list[float], dict[str, float] | None]:
-    """The objective of the trained model, and the metrics of the evaluation made for it (None when
-    the last report saw the final weights and is used as it is)."""
-    state, args = trainer.state, trainer.args
+    """The objective of the trained model (its run's `state` and `args`), and the metrics of the
+    evaluation made for it with `evaluate` (None when the last report saw the final weights and is
+    used as it is)."""
     reloaded = args.load_best_model_at_end and state.best_model_checkpoint is not None
     metrics: dict[str, float] | None = None
     if search.reported is not None and search.reported[0] == state.global_step and not reloaded:
         value = search.reported[1]
     else:
-        metrics = dict(trainer.evaluate())
+        metrics = dict(evaluate())
         value = search.compute_objective(dict(metrics))
         search.reported = (state.global_step, value)
     if n_values == 1:

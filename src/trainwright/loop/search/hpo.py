@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from trainwright.loop.search.common import (
+    Scope,
     Search,
     SearchTrainer,
     args_for_trial,
@@ -75,6 +76,7 @@ def default_hp_space_optuna(trial: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------- the search
 def run_hyperparameter_search(
     trainer: SearchTrainer,
+    scope: Scope,
     hp_space: Callable[[Any], dict[str, Any]] | None = None,
     compute_objective: Callable[[dict[str, float]], float | Sequence[float]] | None = None,
     n_trials: int | None = 20,
@@ -83,7 +85,8 @@ def run_hyperparameter_search(
     hp_name: Callable[[Any], str] | None = None,
     **kwargs: Any,
 ) -> BestRun | list[BestRun]:
-    """Run `n_trials` trainings with hyperparameters from `hp_space`; return the best.
+    """Run `n_trials` trainings with hyperparameters from `hp_space`; return the best. `scope` is
+    the Trainer's: it holds the search while it runs (handed in at the call, never kept).
 
     `backend`: "optuna" or "ray"; None takes optuna when it is installed, else Ray Tune.
     `direction` is "minimize", "maximize" or (optuna) a list of them, one per value
@@ -110,7 +113,7 @@ def run_hyperparameter_search(
         )
     if n_trials is not None and (isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1):
         raise ValueError(f"n_trials must be a positive integer (or None with a timeout), got {n_trials!r}.")
-    if trainer.runtime.world_size > 1:
+    if trainer.args.world_size > 1:
         raise NotImplementedError(
             "hyperparameter_search runs in a single process; it does not support distributed training yet."
         )
@@ -119,13 +122,14 @@ def run_hyperparameter_search(
         from trainwright.loop.search import ray_tune as hpo_ray
 
         return hpo_ray.run_ray_search(
-            trainer, hp_space, objective_fn, n_trials, directions, hp_name=hp_name, **kwargs
+            trainer, scope, hp_space, objective_fn, n_trials, directions, hp_name=hp_name, **kwargs
         )
-    return _run_optuna(trainer, hp_space, objective_fn, n_trials, directions, hp_name, kwargs)
+    return _run_optuna(trainer, scope, hp_space, objective_fn, n_trials, directions, hp_name, kwargs)
 
 
 def _run_optuna(
     trainer: SearchTrainer,
+    scope: Scope,
     hp_space: Callable[[Any], dict[str, Any]] | None,
     compute_objective: Callable[[dict[str, float]], float | Sequence[float]],
     n_trials: int | None,
@@ -149,24 +153,20 @@ def _run_optuna(
         )
     optuna = _import_optuna()
 
-    hp_space = hp_space or default_hp_space_optuna
     search = Search(
         compute_objective=compute_objective,
         hp_name=hp_name,
         multi_objective=len(directions) > 1,
         run_id=lambda trial: str(trial.number),
         report=_optuna_report,
+        params=hp_space or default_hp_space_optuna,
+        base_args=trainer.args,
     )
-    base_args = trainer.args
 
     def objective(trial: Any) -> float | list[float]:
-        params = hp_space(trial)
-        if not isinstance(params, dict):
-            raise TypeError(f"hp_space must return a dict of argument values, got {type(params).__name__}.")
-        trainer._set_trial_args(args_for_trial(base_args, params, already_warned=search.warned))
         search.reported = None
-        trainer.train(trial=trial)
-        return final_objective(trainer, search, len(directions))[0]
+        trainer.train(trial=trial)  # its _hp_search_setup applies the trial's values (search.trial_args)
+        return final_objective(search, len(directions), trainer.state, trainer.args, trainer.evaluate)[0]
 
     study_kwargs = {k: v for k, v in kwargs.items() if k in _CREATE_STUDY_KWARGS}
     optimize_kwargs = {k: v for k, v in kwargs.items() if k in _OPTIMIZE_KWARGS}
@@ -175,7 +175,7 @@ def _run_optuna(
     else:
         study = optuna.create_study(direction=directions[0], **study_kwargs)
 
-    with trainer._hp_search_scope("optuna", search):
+    with scope("optuna", search):
         study.optimize(objective, n_trials=n_trials, **optimize_kwargs)
 
     completed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
@@ -191,16 +191,17 @@ def _run_optuna(
     return BestRun(str(best.number), best.value, trial_params(best), study)
 
 
-def _optuna_report(trainer: Any, trial: Any, objective: Any, metrics: dict[str, float]) -> None:
-    """Report an evaluation to the optuna trial; stop the trial (optuna.TrialPruned) if the pruner says so."""
-    search: Search = trainer._hp_search
+def _optuna_report(
+    search: Search, trial: Any, objective: Any, metrics: dict[str, float], step: int, stop: Callable[[], None]
+) -> None:
+    """Report an evaluation to the optuna trial; stop the trial (`stop`, then optuna.TrialPruned) if
+    the pruner says so."""
     if search.multi_objective:
         return  # optuna cannot prune (nor take intermediate values of) a multi-objective trial
-    step = trainer.state.global_step
     trial.report(check_one_number(objective), step)
     if trial.should_prune():
         optuna = _import_optuna()
-        trainer._fire("on_train_end")
+        stop()
         raise optuna.TrialPruned(f"pruned at step {step} with objective {objective}")
 
 

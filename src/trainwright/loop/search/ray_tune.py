@@ -32,9 +32,9 @@ from typing import Any
 from trainwright.checkpoint.files import PREFIX_CHECKPOINT_DIR, TRAINER_STATE_NAME
 from trainwright.core.events import TrainerCallback
 from trainwright.loop.search.common import (
+    Scope,
     Search,
     SearchTrainer,
-    args_for_trial,
     check_one_number,
     final_objective,
     trial_params,
@@ -61,6 +61,7 @@ def default_hp_space_ray(trial: Any = None) -> dict[str, Any]:
 
 def run_ray_search(
     trainer: SearchTrainer,
+    scope: Scope,
     hp_space: Callable[[Any], dict[str, Any]] | None,
     compute_objective: Callable[[dict[str, float]], float | Sequence[float]],
     n_trials: int | None,
@@ -95,42 +96,34 @@ def run_ray_search(
     space = (hp_space or default_hp_space_ray)(None)
     if not isinstance(space, dict):
         raise TypeError(f"hp_space must return a dict (Ray Tune's config), got {type(space).__name__}.")
-
-    taken = sorted(k for k in ("config", "num_samples") if k in kwargs)
-    if taken:
-        raise TypeError(
-            f"hyperparameter_search(backend='ray') sets tune.run's {taken} itself: give the search space "
-            "as hp_space and the number of samples as n_trials."
-        )
-    fields = {f.name for f in dataclasses.fields(args) if f.init}
-    unknown = sorted(k for k in space if k not in fields and k not in _TUNE_KEYS)
-    if unknown:  # said here once, not in every trial's worker log
-        warnings.warn(
-            f"hp_space returned keys that are not {type(args).__name__} fields; the trials' arguments skip "
-            f"them (model_init(trial) still sees them in the trial's config): {unknown}",
-            stacklevel=3,
-        )
     output_dir = os.path.abspath(args.output_dir)  # workers run in their trial folders
-    kwargs.setdefault("resources_per_trial", {"cpu": 1, "gpu": 1 if args.n_gpu > 0 else 0})
-    kwargs.setdefault("storage_path", os.path.join(output_dir, "ray_results"))
-    if "checkpoint_config" not in kwargs and args.save_total_limit is not None:
-        kwargs["checkpoint_config"] = tune.CheckpointConfig(num_to_keep=args.save_total_limit)
-    if "metric" not in kwargs and "mode" not in kwargs and not _names_a_metric(kwargs):
-        kwargs["metric"], kwargs["mode"] = "objective", mode
-
+    _tune_kwargs(tune, args, space, output_dir, mode, kwargs)
     search = Search(
         compute_objective=compute_objective,
         hp_name=hp_name,
         multi_objective=False,
         run_id=_ray_trial_id,
         report=_ray_report,
+        params=_trial_params,
+        base_args=args,
     )
-    shipped = _shippable(trainer, output_dir, search)
+    if args.output_dir != output_dir:
+        search.base_args = copy.copy(args)  # the same validated values, the folder made absolute
+        search.base_args.output_dir = output_dir
+    with scope("ray", search):  # the copy the workers get holds the search, the Trainer's scope closed after
+        shipped: Any = copy.copy(trainer)
+        shipped.args = search.base_args
+        for name in ("model", "model_wrapped", "optimizer", "lr_scheduler"):  # each trial builds its own
+            setattr(shipped, name, None)
+        handler = shipped.callback_handler = copy.copy(trainer.callback_handler)
+        handler.callbacks = list(handler.callbacks)
+        for name in ("model", "optimizer", "lr_scheduler", "train_dataloader", "eval_dataloader"):
+            setattr(handler, name, None)
     raise_on_failed_trial = kwargs.pop("raise_on_failed_trial", True)
     started = _connect(address)
     try:
         try:  # Ray is connected: the trainer is pickled into the object store here
-            trainable = tune.with_parameters(_run_trial, trainer=shipped)
+            trainable = tune.with_parameters(_run_shipped, shipped=(shipped, search))
         except Exception as e:
             raise RuntimeError(
                 "hyperparameter_search(backend='ray') could not send the Trainer to Ray's workers: its "
@@ -145,6 +138,37 @@ def run_ray_search(
             import ray
 
             ray.shutdown()
+    return _best(analysis, args, mode, raise_on_failed_trial)
+
+
+def _tune_kwargs(
+    tune: Any, args: Any, space: dict[str, Any], output_dir: str, mode: str, kwargs: dict[str, Any]
+) -> None:
+    """Check `tune.run`'s keywords and fill in upstream's defaults (in place)."""
+    taken = sorted(k for k in ("config", "num_samples") if k in kwargs)
+    if taken:
+        raise TypeError(
+            f"hyperparameter_search(backend='ray') sets tune.run's {taken} itself: give the search space "
+            "as hp_space and the number of samples as n_trials."
+        )
+    fields = {f.name for f in dataclasses.fields(args) if f.init}
+    unknown = sorted(k for k in space if k not in fields and k not in _TUNE_KEYS)
+    if unknown:  # said here once, not in every trial's worker log
+        warnings.warn(
+            f"hp_space returned keys that are not {type(args).__name__} fields; the trials' arguments skip "
+            f"them (model_init(trial) still sees them in the trial's config): {unknown}",
+            stacklevel=4,
+        )
+    kwargs.setdefault("resources_per_trial", {"cpu": 1, "gpu": 1 if args.n_gpu > 0 else 0})
+    kwargs.setdefault("storage_path", os.path.join(output_dir, "ray_results"))
+    if "checkpoint_config" not in kwargs and args.save_total_limit is not None:
+        kwargs["checkpoint_config"] = tune.CheckpointConfig(num_to_keep=args.save_total_limit)
+    if "metric" not in kwargs and "mode" not in kwargs and not _names_a_metric(kwargs):
+        kwargs["metric"], kwargs["mode"] = "objective", mode
+
+
+def _best(analysis: Any, args: Any, mode: str, raise_on_failed_trial: bool) -> BestRun:
+    """The best trial of Tune's `analysis` (by `args.ray_scope`), failed trials refused first."""
     failed = [t for t in analysis.trials if t.status == "ERROR"]
     if failed and raise_on_failed_trial:
         raise RuntimeError(
@@ -208,28 +232,6 @@ def _names_a_metric(kwargs: dict[str, Any]) -> bool:
     )
 
 
-def _shippable(trainer: SearchTrainer, output_dir: str, search: Search) -> Any:
-    """A copy of the trainer to send to the workers: the trial's state only, no model or optimizer
-    (each trial builds its own), the output folder absolute."""
-    shipped: Any = copy.copy(trainer)
-    for name in ("model", "model_wrapped", "optimizer", "lr_scheduler", "_run"):
-        if hasattr(shipped, name):
-            setattr(shipped, name, None)
-    handler = copy.copy(trainer.callback_handler)
-    handler.callbacks = list(handler.callbacks)
-    for name in ("model", "optimizer", "lr_scheduler", "train_dataloader", "eval_dataloader"):
-        if hasattr(handler, name):
-            setattr(handler, name, None)
-    shipped.callback_handler = handler
-    if trainer.args.output_dir != output_dir:
-        shipped.args = copy.copy(trainer.args)  # the same validated values, the folder made absolute
-        shipped.args.output_dir = output_dir
-    shipped._eval_dataloaders, shipped._eval_dataloader_datasets = {}, {}  # loaders stay here
-    shipped.hp_search_backend = "ray"
-    shipped._hp_search = search
-    return shipped
-
-
 def _connect(address: str | None) -> bool:
     """Connect to Ray unless connected: `address` / RAY_ADDRESS, else a local instance with this
     machine's CPUs (those this process may use) and GPUs. True when this call connected."""
@@ -275,28 +277,36 @@ def _driver_path_env() -> dict[str, Any] | None:
 
 
 # ---------------------------------------------------------------------------------- in a worker
-def _run_trial(config: dict[str, Any], trainer: Any) -> None:
+def _run_shipped(config: dict[str, Any], shipped: tuple[Any, Search]) -> None:
+    """Tune's trainable: the Trainer's copy and its search come in one pickle, so that the copy's
+    search (its scope's) is the one the trial reports through."""
+    _run_trial(config, *shipped)
+
+
+def _trial_params(trial: dict[str, Any]) -> dict[str, Any]:
+    """A Tune config's argument values (the keys Tune's own integrations read left out); unknown keys
+    are skipped quietly, the driver warned once for the whole search."""
+    warnings.filterwarnings("ignore", message="hp_space returned keys that are not")
+    return {k: v for k, v in trial.items() if k not in _TUNE_KEYS}
+
+
+def _run_trial(config: dict[str, Any], trainer: Any, search: Search) -> None:
     """One Tune trial: train with the config's arguments (resuming Tune's checkpoint when Tune
     restores the trial), then report the final objective unless the last evaluation gave it."""
     tune = _import_tune()
-    search: Search = trainer._hp_search
     trial = dict(config)
-    params = {k: v for k, v in trial.items() if k not in _TUNE_KEYS}
-    with warnings.catch_warnings():  # unknown keys: the driver warned once for the whole search
-        warnings.filterwarnings("ignore", message="hp_space returned keys that are not")
-        trainer._set_trial_args(args_for_trial(trainer.args, params, already_warned=search.warned))
-    trainer.add_callback(_ReportAfterSave(trainer))
+    folder = trainer._get_output_dir(trial)  # upstream's hook: where the trial's checkpoints go
+    trainer.add_callback(_ReportAfterSave(search, folder))
     checkpoint = tune.get_checkpoint()
     if checkpoint is None:
         trainer.train(trial=trial)
     else:
-        with checkpoint.as_directory() as folder:
-            trainer.train(resume_from_checkpoint=checkpoint_folder(folder), trial=trial)
-    _flush(trainer)
-    objective, metrics = final_objective(trainer, search, 1)
+        with checkpoint.as_directory() as restored:
+            trainer.train(resume_from_checkpoint=checkpoint_folder(restored), trial=trial)
+    _flush(search)
+    objective, metrics = final_objective(search, 1, trainer.state, trainer.args, trainer.evaluate)
     if metrics is not None:  # no evaluation saw the final weights: report this one
-        step = trainer.state.global_step
-        saved = os.path.join(_run_dir(trainer), f"{PREFIX_CHECKPOINT_DIR}-{step}")
+        saved = os.path.join(folder, f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}")
         _send({**metrics, "objective": objective}, saved if os.path.isdir(saved) else None)
 
 
@@ -321,17 +331,17 @@ def _ray_trial_id(trial: Any) -> str:
     return str(_import_tune().get_context().get_trial_id())
 
 
-def _ray_report(trainer: Any, trial: Any, objective: Any, metrics: dict[str, float]) -> None:
+def _ray_report(
+    search: Search, trial: Any, objective: Any, metrics: dict[str, float], step: int, stop: Callable[[], None]
+) -> None:
     """Keep the evaluation's result until the Trainer has decided whether it saves at this step:
     `_ReportAfterSave` sends it with the checkpoint, or without one at the next event."""
-    _flush(trainer)
-    search: Search = trainer._hp_search
-    search.pending = (trainer.state.global_step, {**metrics, "objective": check_one_number(objective)})
+    _flush(search)
+    search.pending = (step, {**metrics, "objective": check_one_number(objective)})
 
 
-def _flush(trainer: Any, checkpoint: str | None = None) -> None:
+def _flush(search: Search, checkpoint: str | None = None) -> None:
     """Send the waiting result (with `checkpoint`, the folder the Trainer saved at its step)."""
-    search: Search = trainer._hp_search
     if search.pending is None:
         return
     _, result = search.pending
@@ -347,26 +357,21 @@ def _send(result: dict[str, Any], checkpoint: str | None) -> None:
         tune.report(result, checkpoint=tune.Checkpoint.from_directory(checkpoint))
 
 
-def _run_dir(trainer: Any) -> str:
-    """The folder the trial's run writes its checkpoints to."""
-    return trainer._run.checkpointer.folder
-
-
 class _ReportAfterSave(TrainerCallback):
-    """Sends a trial's waiting result: with the checkpoint saved at its step, or without one at the
-    next event when the Trainer did not save."""
+    """Sends a trial's waiting result: with the checkpoint saved at its step (under `run_dir`, the
+    trial's folder), or without one at the next event when the Trainer did not save."""
 
-    def __init__(self, trainer: Any) -> None:
-        self.trainer = trainer
+    def __init__(self, search: Search, run_dir: str) -> None:
+        self.search, self.run_dir = search, run_dir
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        pending = self.trainer._hp_search.pending
+        pending = self.search.pending
         if pending is not None and pending[0] == state.global_step:
-            folder = os.path.join(_run_dir(self.trainer), f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
-            _flush(self.trainer, folder if os.path.isdir(folder) else None)
+            folder = os.path.join(self.run_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+            _flush(self.search, folder if os.path.isdir(folder) else None)
 
     def _next_event(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        _flush(self.trainer)
+        _flush(self.search)
 
     on_step_begin = on_epoch_begin = on_epoch_end = on_train_end = _next_event
 
