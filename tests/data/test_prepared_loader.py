@@ -200,27 +200,23 @@ def test_a_library_sets_the_accelerators_even_batches_for_its_own_loaders(tmp_pa
     assert [len(b) for b in prepared] == [2] * 6 + [1]  # one process: every batch, on its device
 
 
-class _Owner:
-    """What `trainer.accelerator` reads of its Trainer, over a stand-in for process 0 of 2."""
-
-    def __init__(self) -> None:
-        self.args = _args()
-        self.runtime = SimpleNamespace(
-            data_world_size=2,
-            data_rank=0,
-            distributed=True,
-            device=torch.device("cpu"),
-            broadcast_object=lambda obj: obj,
-            all_gather=lambda t: [t, t + 100],  # process 1's rows: process 0's plus 100
-            all_gather_object=lambda obj: [obj, [x + 100 for x in obj]],
-        )
+def _process_0_of_2() -> SimpleNamespace:
+    """What `trainer.accelerator` reads of the processes: a stand-in for process 0 of 2."""
+    return SimpleNamespace(
+        data_world_size=2,
+        data_rank=0,
+        distributed=True,
+        device=torch.device("cpu"),
+        broadcast_object=lambda obj: obj,
+        all_gather=lambda t: [t, t + 100],  # process 1's rows: process 0's plus 100
+        all_gather_object=lambda obj: [obj, [x + 100 for x in obj]],
+    )
 
 
 def test_gather_for_metrics_drops_the_repeats_that_even_out_a_prepared_loaders_last_step():
     """5 samples in batches of 2 over 2 processes: the last global step is sample 4 and repeats of
     the first samples; gathered, only sample 4 is kept (accelerate: the dataset's remainder)."""
-    owner = _Owner()
-    accelerator = RuntimeAccelerator(owner)
+    accelerator = RuntimeAccelerator(_process_0_of_2(), _args())
     loader = accelerator.prepare(DataLoader(list(range(5)), batch_size=2, collate_fn=torch.tensor))
     gathered = [accelerator.gather_for_metrics(batch).tolist() for batch in loader]
     assert gathered == [[0, 1, 100, 101], [4]]
