@@ -13,26 +13,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainwright.core import preemption
 from trainwright.core.events import TrainerCallback
 
 
 class JITCheckpointManager:
-    """The preemption save of one Trainer, as `JITCheckpointCallback.jit_manager` shows it."""
+    """The preemption save of one Trainer, as `JITCheckpointCallback.jit_manager` shows it: built
+    from the signals it saves on; a request is the process's (signal handlers are)."""
 
-    def __init__(self, trainer: Any) -> None:
-        self.trainer = trainer
-
-    @property
-    def signals(self) -> list[str]:
-        """The signals that save and stop (`preemption_signals`)."""
-        return list(self.trainer.args.preemption_signals)
+    def __init__(self, signals: list[str]) -> None:
+        self.signals = list(signals)  # the signals that save and stop (`preemption_signals`)
 
     @property
     def is_checkpoint_requested(self) -> bool:
-        """Whether a signal arrived during this `train()`: the step ends, the checkpoint is written,
-        the process exits 0."""
-        run = getattr(self.trainer, "_run", None)
-        return run is not None and run.preemption.requested is not None
+        """Whether a signal arrived during the `train()` running now: the step ends, the checkpoint
+        is written, the process exits 0."""
+        return preemption.requested() is not None
 
 
 class JITCheckpointCallback(TrainerCallback):
@@ -49,14 +45,13 @@ class JITCheckpointCallback(TrainerCallback):
     def set_trainer(self, trainer: Any) -> None:
         """Attach to `trainer` (the Trainer calls it when it adds the callback)."""
         self.trainer = trainer
-        self.jit_manager = JITCheckpointManager(trainer) if trainer.args.preemption_signals else None
+        signals = trainer.args.preemption_signals
+        self.jit_manager = JITCheckpointManager(signals) if signals else None
 
 
-def jit_checkpoint_callbacks(trainer: Any) -> list[TrainerCallback]:
-    """[a `JITCheckpointCallback` set to `trainer`] when upstream adds one (`enable_jit_checkpoint=True`)
-    and the save is on (signals to handle), else []."""
-    if not (trainer.args.enable_jit_checkpoint and trainer.args.preemption_signals):
+def jit_checkpoint_callbacks(args: Any) -> list[TrainerCallback]:
+    """[a `JITCheckpointCallback`] when upstream adds one (`enable_jit_checkpoint=True`) and the save
+    is on (signals to handle), else []; the Trainer sets itself on it (`set_trainer`), as upstream's."""
+    if not (args.enable_jit_checkpoint and args.preemption_signals):
         return []
-    callback = JITCheckpointCallback()
-    callback.set_trainer(trainer)
-    return [callback]
+    return [JITCheckpointCallback()]

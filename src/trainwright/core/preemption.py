@@ -25,13 +25,16 @@ import signal
 import threading
 from collections.abc import Iterable
 from types import FrameType
-from typing import Any
+from typing import Any, ClassVar
 
 logger = logging.getLogger(__name__)
 
 
 class PreemptionGuard:
     """Context manager recording the first of `signal_names` received (`requested`)."""
+
+    # the guard of the train() running now: signal handlers are the process's, one guard is in force
+    current: ClassVar[PreemptionGuard | None] = None
 
     def __init__(self, signal_names: list[str] | None):
         self.signals = [signal.Signals[name] for name in (signal_names or [])]
@@ -57,6 +60,7 @@ class PreemptionGuard:
             logger.warning("Received %s again: already saving and stopping.", sig.name)
 
     def __enter__(self) -> PreemptionGuard:
+        PreemptionGuard.current = self
         if threading.current_thread() is threading.main_thread():
             for sig in self.signals:
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -65,9 +69,17 @@ class PreemptionGuard:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if PreemptionGuard.current is self:
+            PreemptionGuard.current = None
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()
+
+
+def requested() -> signal.Signals | None:
+    """The signal that asked the `train()` running now to save and stop, if one did."""
+    guard = PreemptionGuard.current
+    return None if guard is None else guard.requested
 
 
 def shield_worker(signal_names: Iterable[str]) -> None:

@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from torch import nn
 
@@ -30,8 +30,9 @@ from trainwright.modeling import debug_underflow, lean_activations, liger, neftu
 from trainwright.modeling.past_state import PastState, PastStateCallback
 
 
-class Host(Protocol):
-    """What a plug-in is built from: the Trainer, seen through what plug-ins read of it."""
+@dataclass(frozen=True)
+class Values:
+    """What a plug-in is built from: the Trainer's arguments, processes and model (never the Trainer)."""
 
     args: TrainingArguments
     runtime: Runtime
@@ -57,14 +58,15 @@ class Row:
 
     name: str
     applies: Callable[[TrainingArguments], bool]
-    build: Callable[[Any], PlugIn]  # a Host
+    build: Callable[[Values], PlugIn]
 
 
 class JITCheckpoint(PlugIn):
-    """`enable_jit_checkpoint`: upstream's callback for the preemption save, set to the Trainer."""
+    """`enable_jit_checkpoint`: upstream's callback for the preemption save (the Trainer sets itself
+    on it, as upstream's does: `set_trainer`)."""
 
-    def __init__(self, host: Any):
-        self.saving = jit_checkpoint_callbacks(host)
+    def __init__(self, given: Values):
+        self.saving = jit_checkpoint_callbacks(given.args)
 
     def callbacks(self) -> list[TrainerCallback]:
         return list(self.saving)
@@ -73,9 +75,9 @@ class JITCheckpoint(PlugIn):
 class PastIndex(PlugIn):
     """`past_index` (v4): the model's memory fed back as `mems` (`modeling/past_state.py`)."""
 
-    def __init__(self, host: Host):
-        self.past = PastState(host.args.past_index)
-        self.past.attach(host.model)
+    def __init__(self, given: Values):
+        self.past = PastState(given.args.past_index)
+        self.past.attach(given.model)
 
     def callbacks(self) -> list[TrainerCallback]:
         return [PastStateCallback(self.past)]
@@ -84,8 +86,8 @@ class PastIndex(PlugIn):
 class Liger(PlugIn):
     """`use_liger_kernel`: Liger's kernels patched into the model at each train() (kept after it)."""
 
-    def __init__(self, host: Host):
-        self.config, self.device = host.args.liger_kernel_config, host.runtime.device
+    def __init__(self, given: Values):
+        self.config, self.device = given.args.liger_kernel_config, given.runtime.device
 
     def around_train(self, model: nn.Module) -> AbstractContextManager[Any]:
         liger.apply(model, self.config, self.device)
@@ -96,7 +98,7 @@ class OverflowDetector(PlugIn):
     """`debug="underflow_overflow"`: the inf/nan detector, kept on the model after train() as
     upstream's; one detector a model, however many train() calls."""
 
-    def __init__(self, host: Host):
+    def __init__(self, given: Values):
         self.detector: debug_underflow.DebugUnderflowOverflow | None = None
 
     def around_train(self, model: nn.Module) -> AbstractContextManager[Any]:
@@ -107,8 +109,8 @@ class OverflowDetector(PlugIn):
 class NEFTune(PlugIn):
     """`neftune_noise_alpha`: noise on the input embeddings for one train() call's training."""
 
-    def __init__(self, host: Host):
-        self.alpha: Any = host.args.neftune_noise_alpha  # as given: activate() checks it, naming it
+    def __init__(self, given: Values):
+        self.alpha: Any = given.args.neftune_noise_alpha  # as given: activate() checks it, naming it
 
     @contextlib.contextmanager
     def around_train(self, model: nn.Module) -> Iterator[None]:
@@ -122,8 +124,8 @@ class NEFTune(PlugIn):
 class LeanActivations(PlugIn):
     """`lean_activations`: activations that keep less for the backward, while train() runs."""
 
-    def __init__(self, host: Host):
-        self.compiled = bool(host.args.torch_compile)
+    def __init__(self, given: Values):
+        self.compiled = bool(given.args.torch_compile)
 
     def around_train(self, model: nn.Module) -> AbstractContextManager[Any]:
         return lean_activations.applied(model, compiled=self.compiled)
@@ -132,8 +134,8 @@ class LeanActivations(PlugIn):
 class EmptyCache(PlugIn):
     """`torch_empty_cache_steps`: the device cache emptied after the forwards of every N-th step."""
 
-    def __init__(self, host: Host):
-        self.every = EmptyCacheEvery(cast(int, host.args.torch_empty_cache_steps), host.runtime.device)
+    def __init__(self, given: Values):
+        self.every = EmptyCacheEvery(cast(int, given.args.torch_empty_cache_steps), given.runtime.device)
 
     def around_run(self, module: nn.Module, state: Any) -> AbstractContextManager[Any]:
         return self.every.attach(module, state)
@@ -161,13 +163,14 @@ PLUGINS = [
     Row("neftune_noise_alpha", lambda a: a.neftune_noise_alpha is not None, NEFTune),
     Row("lean_activations", lambda a: feature(a, "lean_activations"), LeanActivations),
     Row("torch_empty_cache_steps", lambda a: bool(a.torch_empty_cache_steps), EmptyCache),
-    Row("bf16 / fp16", lambda a: bool(a.bf16 or a.fp16), lambda host: Float32Outputs()),
+    Row("bf16 / fp16", lambda a: bool(a.bf16 or a.fp16), lambda given: Float32Outputs()),
 ]
 
 
-def build(host: Host) -> list[PlugIn]:
-    """The plug-ins the host's arguments ask for, built for it, in the table's order."""
-    return [row.build(host) for row in PLUGINS if row.applies(host.args)]
+def build(args: TrainingArguments, runtime: Runtime, model: nn.Module) -> list[PlugIn]:
+    """The plug-ins these arguments ask for, built from the Trainer's values, in the table's order."""
+    given = Values(args, runtime, model)
+    return [row.build(given) for row in PLUGINS if row.applies(args)]
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ from trainwright import data as data_utils
 from trainwright.args import foreign, process_state
 from trainwright.args.training_args import TrainingArguments
 from trainwright.callbacks import DEFAULT_CALLBACKS, PrinterCallback, ProgressCallback
+from trainwright.callbacks.jit_checkpoint import JITCheckpointCallback
 from trainwright.core.enums import DebugOption
 from trainwright.core.events import CallbackHandler, TrainerCallback
 from trainwright.core.modules import without_peft
@@ -167,8 +168,11 @@ class TrainerSetup:
         self._validate_data()
 
         default = DEFAULT_CALLBACKS + get_reporting_integration_callbacks(args.report_to)
-        self._plugins = plugins.build(self)  # optional features: plugins.PLUGINS
+        self._plugins = plugins.build(args, self.runtime, self.model)  # optional features: plugins.PLUGINS
         added = [callback for plugin in self._plugins for callback in plugin.callbacks()]
+        for callback in added:
+            if isinstance(callback, JITCheckpointCallback):
+                callback.set_trainer(self)  # as upstream's Trainer sets itself on its JIT callback
         callbacks = default + added + list(callbacks or [])
         callbacks.append(PrinterCallback if args.disable_tqdm else ProgressCallback)
         self.callback_handler = CallbackHandler(
