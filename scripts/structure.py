@@ -82,7 +82,9 @@ STEP_PATH = [
     "loop/trainer.py:Trainer._fire",
     "loop/run.py:TrainingRun.train_mode",
     "loop/run.py:TrainingRun.begin_step",
+    "loop/position.py:Position.begin_step",  # the run's position, its own part since issue 39
     "loop/run.py:TrainingRun.advance",
+    "loop/position.py:Position.advance",
     "loop/run.py:TrainingRun.finish_step",
     "loop/run.py:TrainingRun.sync_state",
     "loop/run.py:TrainingRun.stop_if_preempted",
@@ -95,6 +97,7 @@ STEP_PATH = [
     "distributed/engine.py:Engine.step",
     "distributed/engine.py:_plain_step",  # the step's parts, chosen once per run (Engine._choose_step)
     "modeling/loss.py:LossWindow.add",
+    "loop/loss_log.py:LossWindow.add",  # the loss log's window since issue 39
     "modeling/loss.py:has_no_targets",
     "modeling/loss.py:items_in_batch",
     "modeling/loss.py:count_items",
@@ -108,7 +111,9 @@ STEP_PATH = [
 EVAL_PATH = [
     "loop/eval/loop.py:Evaluation.run",
     "loop/eval/hooks.py:evaluation_loop",
+    "loop/eval/hooks.py:LoopCall.run",  # the hook's body, built from values since issue 39
     "loop/eval/hooks.py:build_evaluation",
+    "loop/eval/hooks.py:LoopCall.build",
     "loop/eval/hooks.py:_real_batches",
     "loop/eval/batches.py:real_batches",
     "loop/eval/hooks.py:prediction_step",

@@ -56,7 +56,6 @@ class CheckpointedTrainer(Protocol):
     subclass may override, handed to the parts as bound methods. The parts never hold the Trainer."""
 
     args: Any
-    runtime: Any
     state: TrainerState
     control: TrainerControl
     callback_handler: CallbackHandler
@@ -67,26 +66,26 @@ class CheckpointedTrainer(Protocol):
     processing_class: Any
     data_collator: Any
     optimizer_cls_and_kwargs: Any
-    _created_scheduler: bool
+    _created_lr_scheduler: bool
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None: ...
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None: ...
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None: ...
     def _load_rng_state(self, checkpoint: str | None) -> None: ...
 
-    hp_search_backend: str | None  # this and below: read by loop/checkpointer.py only
-
+    # and the upstream hooks loop/checkpointer.py calls
     def store_flos(self) -> None: ...
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None: ...
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None: ...
-    def _overrides(self, name: str) -> bool: ...
-    def _get_output_dir(self, trial: Any) -> str: ...
-    def _hp_trial_record(self, trial: Any) -> tuple[str, dict[str, Any]]: ...
-    def _fire(self, event: str, state: Any = None, extra: dict | None = None) -> None: ...
 
 
 def build_parts(
-    trainer: CheckpointedTrainer, run: TrainingRun, *, main: bool, restore_from: str | None = None
+    trainer: CheckpointedTrainer,
+    run: TrainingRun,
+    runtime: Any,
+    *,
+    main: bool,
+    restore_from: str | None = None,
 ) -> dict[str, Any]:
     """The mapping of parts of a checkpoint of this run: to save now (every rank calls it: the loss
     windows are gathered), or to restore folder `restore_from`. The one place the Trainer hands its
@@ -128,14 +127,14 @@ def build_parts(
             args,
             trainer.lr_scheduler,
             trainer.optimizer,
-            trainer._created_scheduler,
+            trainer._created_lr_scheduler,
             replace,
             data_state,
         )
     if with_optimizer:
         if trainer.scaler is not None:
             parts["scaler"] = trainer.scaler
-        parts["rng"] = RngPart(trainer._load_rng_state, trainer.runtime, position.look_ahead, data_state)
+        parts["rng"] = RngPart(trainer._load_rng_state, runtime, position.look_ahead, data_state)
         ahead = position.look_ahead
         if restore_from is not None or (ahead.holds() and not ahead.captures):
             parts["batch_in_hand"] = BatchInHand(ahead, data_state)

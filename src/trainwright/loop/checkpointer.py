@@ -44,6 +44,7 @@ import trainwright.checkpoint as ckpt
 from trainwright.checkpoint.async_writer import AsyncCheckpointWriter, GroupCollectives, save_checkpoint_async
 from trainwright.checkpoint.manager import CheckpointManager
 from trainwright.checkpoint.rng import RngState
+from trainwright.core.state import TrainerControl
 from trainwright.loop.callback_states import callback_states
 from trainwright.loop.checkpoint_parts import CheckpointedTrainer, build_parts
 from trainwright.loop.divergence import Divergence
@@ -56,17 +57,18 @@ logger = logging.getLogger(__name__)
 # Upstream hooks that, when a subclass overrides them, must run as upstream runs them (in the
 # training thread, on the live model): their saves are synchronous.
 _HOOKS = ("_save_checkpoint", "_save", "save_model")
+# every hook whose override changes what the checkpointer does (the Trainer says which it overrides)
+OVERRIDABLE = (*_HOOKS, "_load_optimizer_and_scheduler")
+# the Trainer's event dispatch, handed in at the calls that send an event: (event, state=None)
+Fire = Callable[..., None]
 # the parts upstream's `_load_optimizer_and_scheduler` loads
 OPTIMIZER_PARTS = ("optimizer", "scheduler")
 
 
-def run_dir(trainer: CheckpointedTrainer, trial: Any) -> str:
+def run_dir(output_dir: str | None, trial_name: str | None) -> str:
     """Where a run's checkpoints go: output_dir, or a search trial's own folder in it."""
-    output_dir = trainer.args.output_dir
     assert output_dir is not None  # TrainingArguments.__post_init__ fills it in
-    if trial is None or trainer.hp_search_backend is None:
-        return output_dir
-    return os.path.join(output_dir, trainer._hp_trial_record(trial)[0])
+    return output_dir if trial_name is None else os.path.join(output_dir, trial_name)
 
 
 def _step_of(path: str) -> int:
@@ -82,10 +84,19 @@ def writes_once(args: Any, runtime: Any) -> bool:
 class Checkpointer:
     """The checkpoints of one run (see the module docstring)."""
 
-    def __init__(self, args: Any, runtime: Any, folder: str, resume_from: str | None = None) -> None:
+    def __init__(
+        self,
+        args: Any,
+        runtime: Any,
+        folder: str,
+        resume_from: str | None = None,
+        overridden: frozenset[str] = frozenset(),
+    ) -> None:
         # built from values: the Trainer and the run are handed in at the calls that need them (an
         # upstream hook, the parts of a checkpoint) and never stored, so no cycle runs through this
         self.args, self.runtime, self.folder = args, runtime, folder
+        # the upstream hooks (OVERRIDABLE) a Trainer subclass overrides: run as upstream runs them
+        self.overridden = overridden
         self.main = writes_once(args, runtime)
         self.manager = CheckpointManager(runtime, main=self.main)
         # checkpoints in the folder that are not this run's: never rotated away
@@ -142,9 +153,10 @@ class Checkpointer:
         )
 
     # -- saving --------------------------------------------------------------------------------
-    def save(self, trainer: CheckpointedTrainer, run: TrainingRun) -> str | None:
+    def save(self, trainer: CheckpointedTrainer, run: TrainingRun, fire: Fire) -> str | None:
         """Write checkpoint-<global_step> of `run` and rotate: the path, or None when it is being
-        written in the background (its completion work runs once it is durable)."""
+        written in the background (its completion work runs once it is durable: `fire`, the
+        Trainer's event dispatch handed in at the call, sends its `on_save`)."""
         self.wait()  # the previous background write first, as after a synchronous save
         state = trainer.state
         trainer.store_flos()
@@ -155,7 +167,7 @@ class Checkpointer:
                 state.best_model_checkpoint = best
         # the callbacks' state goes into trainer_state.json (every process gathers the loss windows)
         state.stateful_callbacks = callback_states(trainer.callback_handler, trainer.control)
-        parts = build_parts(trainer, run, main=self.main)  # notes a non-finite window
+        parts = build_parts(trainer, run, self.runtime, main=self.main)  # notes a non-finite window
         self._last_step = state.global_step
         path, divergence = os.path.join(self.folder, name), run.losses.divergence
         self.foreign = [p for p in self.foreign if os.path.abspath(p) != os.path.abspath(path)]
@@ -168,12 +180,14 @@ class Checkpointer:
             "exclude": list(self.foreign),
         }
         if self.args.async_save and self._in_background(
-            [hook for hook in _HOOKS if trainer._overrides(hook)],
+            [hook for hook in _HOOKS if hook in self.overridden],
             name,
             parts,
             rotation,
             # the write in flight holds the Trainer until it is finished (no longer: the writer drops it)
-            partial(_durable, trainer, saved_state=copy.copy(state)),  # on_save: the saved step's counters
+            partial(
+                _durable, trainer, fire, saved_state=copy.copy(state)
+            ),  # on_save: the saved step's counters
         ):
             return None
         return self.manager.save(self.folder, name, parts, **rotation)
@@ -204,13 +218,14 @@ class Checkpointer:
         self._say("a checkpoint part can't be staged (DeepSpeed's engine checkpoint)")
         return False
 
-    def saved(self, trainer: CheckpointedTrainer) -> None:
-        """After `_save_checkpoint` in the loop: `on_save` now, or, for a write still in the
-        background, once it is durable (`should_save` is cleared now, as `on_save` would)."""
+    def saved(self, control: TrainerControl, fire: Fire) -> None:
+        """After `_save_checkpoint` in the loop: `on_save` now (through `fire`, the Trainer's event
+        dispatch), or, for a write still in the background, once it is durable (`should_save` is
+        cleared now, as `on_save` would)."""
         if self.writer is not None and self.writer.pending:
-            trainer.control.should_save = False
+            control.should_save = False
         else:
-            trainer._fire("on_save")
+            fire("on_save")
 
     def _writer(self) -> AsyncCheckpointWriter:
         if self.writer is None:
@@ -260,12 +275,12 @@ class Checkpointer:
         """Load everything checkpoint `path` holds into `run`, through the same parts a save writes;
         each part refuses (before anything loads) what does not fit this run. What the data state's
         check found (a re-sized schedule) is applied here, to the run's plan and the TrainerState."""
-        parts = build_parts(trainer, run, main=self.main, restore_from=path)
+        parts = build_parts(trainer, run, self.runtime, main=self.main, restore_from=path)
         if self.args.save_only_model and self.manager.has(path, "optimizer"):
             logger.warning("save_only_model=True: resuming the weights of %s with a fresh optimizer.", path)
         # a subclass's `_load_optimizer_and_scheduler` is called as upstream calls it: after the rest,
         # loading the optimizer and the schedule through its super() (or not), then its own state
-        hooked = trainer._overrides("_load_optimizer_and_scheduler")
+        hooked = "_load_optimizer_and_scheduler" in self.overridden
         deferred = {name: parts.pop(name) for name in OPTIMIZER_PARTS if name in parts} if hooked else {}
         self.manager.load(path, parts)
         found = parts["data_state"].found
@@ -295,7 +310,7 @@ class Checkpointer:
         checkpoint `path` (during a resume, the parts `restore` left to the hook)."""
         parts = self._deferred
         if parts is None:
-            built = build_parts(trainer, run, main=self.main, restore_from=path)
+            built = build_parts(trainer, run, self.runtime, main=self.main, restore_from=path)
             parts = {name: built[name] for name in OPTIMIZER_PARTS if name in built}
         self.manager.load(path, parts)
 
@@ -336,7 +351,7 @@ class Checkpointer:
                 ckpt.delete_checkpoint(path)
 
 
-def _durable(trainer: CheckpointedTrainer, path: str, saved_state: Any) -> None:
+def _durable(trainer: CheckpointedTrainer, fire: Fire, path: str, saved_state: Any) -> None:
     """Completion work of a durable background checkpoint, in the training thread: the Hub push and
     `on_save` (given the saved step's state)."""
     if trainer.args.push_to_hub:
@@ -345,7 +360,7 @@ def _durable(trainer: CheckpointedTrainer, path: str, saved_state: Any) -> None:
     # The flag of a save being decided now (this can run inside the next save step) is not this
     # event's to clear.
     saving_now = control.should_save
-    trainer._fire("on_save", state=saved_state)
+    fire("on_save", state=saved_state)
     trainer.control.should_save = saving_now or trainer.control.should_save
 
 

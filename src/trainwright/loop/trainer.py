@@ -28,7 +28,7 @@ from trainwright.core.state import TrainerState
 from trainwright.distributed import context_parallel
 from trainwright.loop import batch_size_finder, plugins, resume
 from trainwright.loop.callback_states import callback_states
-from trainwright.loop.checkpointer import Checkpointer
+from trainwright.loop.checkpointer import OVERRIDABLE, Checkpointer
 from trainwright.loop.eval import hooks as prediction
 from trainwright.loop.hub import push as hub
 from trainwright.loop.run import TrainingRun
@@ -75,7 +75,7 @@ class Trainer(TrainerAPI):
             # label names, can_return_loss and the smoother stay __init__'s, as upstream
             self._loss_facts = self._model_loss_facts()
             self.optimizer, self.lr_scheduler = None, None
-        if self._created_scheduler:
+        if self._created_lr_scheduler:
             self.lr_scheduler = None  # a scheduler the Trainer made is re-made for each train()
         self._check_eval_dataset()
         resume_path = resume.resolve_resume_path(
@@ -169,7 +169,8 @@ class Trainer(TrainerAPI):
                 self.model, cast("dict[str, Any] | None", args.gradient_checkpointing_kwargs)
             )
         exact_flops = self._wants_flops() or self._overrides("floating_point_ops")
-        checkpointer = Checkpointer(args, self.runtime, self._get_output_dir(trial), resume_from=resume_path)
+        overridden = frozenset(hook for hook in OVERRIDABLE if self._overrides(hook))
+        checkpointer = Checkpointer(args, self.runtime, self._get_output_dir(trial), resume_path, overridden)
         run = self._run = TrainingRun(
             args,
             self.runtime,
@@ -521,7 +522,7 @@ class Trainer(TrainerAPI):
             self.control.should_save = False  # written at this step already (a preempted epoch's end)
         if self.control.should_save:
             self._save_checkpoint(model, trial)
-            run.checkpointer.saved(self)  # on_save now, or once a background write is durable
+            run.checkpointer.saved(self.control, self._fire)  # on_save now, or once a write is durable
 
     def _evaluate_during_training(self, run: TrainingRun, trial: Any, ignore_keys_for_eval: Any) -> None:
         rng = capture_rng_state()  # what a checkpoint holds if a preemption cuts the evaluation short
@@ -548,7 +549,7 @@ class Trainer(TrainerAPI):
 
     def _save_checkpoint(self, model: nn.Module | None = None, trial: Any = None) -> None:
         assert self._run is not None  # checkpoints are saved while a run trains
-        path = self._run.checkpointer.save(self, self._run)
+        path = self._run.checkpointer.save(self, self._run, self._fire)
         if path is not None and self.args.push_to_hub:  # None: written in the background, pushed when durable
             self._push_from_checkpoint(path)
 

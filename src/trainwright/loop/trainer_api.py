@@ -187,7 +187,7 @@ class TrainerAPI(TrainerSetup):
             if optimizer is None:
                 raise RuntimeError("create_scheduler needs an optimizer: call create_optimizer() first.")
             self.lr_scheduler = optimization.make_scheduler(self.args, optimizer, num_training_steps)
-            self._created_scheduler = True
+            self._created_lr_scheduler = True
         return self.lr_scheduler
 
     def get_learning_rates(self) -> list[float]:
@@ -303,7 +303,10 @@ class TrainerAPI(TrainerSetup):
     def _get_output_dir(self, trial: Any) -> str:
         """Where this run's checkpoints go: output_dir, or a search trial's folder in it (upstream's
         hook: a subclass's override moves them; TRL's GRPO writes files of its own there)."""
-        return run_dir(_whole(self), trial)
+        trial_name = (
+            None if trial is None or self.hp_search_backend is None else self._hp_trial_record(trial)[0]
+        )
+        return run_dir(self.args.output_dir, trial_name)
 
     def _forget_failed_run(self) -> None:
         """auto_find_batch_size: drop what a try that ran out of memory left (its run, the wrapper,
@@ -323,7 +326,7 @@ class TrainerAPI(TrainerSetup):
         self._hand_accelerator()
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
-        if self._created_scheduler:
+        if self._created_lr_scheduler:
             self.lr_scheduler = None  # re-made for the new number of steps
 
     # ------------------------------------------------------------------ checkpoint hooks (the checkpointer calls them: a subclass's override runs)

@@ -87,7 +87,7 @@ class TrainerSetup:
     _memory_tracker: TrainerMemoryTracker
     _flops: FlopsEstimator | None
     _signature_columns: list[str] | None
-    _created_scheduler: bool
+    _created_lr_scheduler: bool
     _train_batch_size: int
     _hp_search: _Search | None  # hpo's search while one runs (hyperparameter_search sets it)
     _plugins: list[plugins.PlugIn]  # the optional features these arguments ask for (plugins.PLUGINS)
@@ -196,7 +196,7 @@ class TrainerSetup:
         self._run = None
         self._flops = None
         self._signature_columns = None
-        self._created_scheduler = False
+        self._created_lr_scheduler = False
         self._train_batch_size = args.train_batch_size  # as upstream (auto_find_batch_size keeps its size)
         self._hp_search = None
         self._eval_dataloaders: dict[str, Any] = {}  # upstream's: kept eval loaders (persistent workers)
