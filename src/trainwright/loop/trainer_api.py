@@ -500,10 +500,16 @@ class TrainerAPI(TrainerSetup):
         run = self._run  # the loop's own evaluation (`run.evaluating()`) stops at a preemption
         stops = run if run is not None and run.eval_stops_on_preemption else None
         call = prediction.LoopCall(
-            self.args, self.runtime, self.model, self.optimizer, self.callback_handler, self.is_in_train,
-            self.compute_metrics, self.preprocess_logits_for_metrics, self.prediction_step,
-            self.num_examples, _whole(self)._fire, run is not None and run.engine.collective_forward,
-            stops.preempted if stops else None, stops.preemption if stops else None,
+            self.args, self.runtime, self.model, self.optimizer, self.callback_handler,
+            in_train=self.is_in_train,
+            compute_metrics=self.compute_metrics,
+            preprocess=self.preprocess_logits_for_metrics,
+            step=self.prediction_step,  # the hooks, bound: a subclass's overrides run
+            num_examples=self.num_examples,
+            fire=_whole(self)._fire,
+            collective=run is not None and run.engine.collective_forward,
+            preempted=stops.preempted if stops else None,
+            preemption=stops.preemption if stops else None,
         )  # fmt: skip
         return call.run(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
 

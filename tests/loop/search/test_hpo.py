@@ -338,3 +338,21 @@ def test_a_subclass_hp_search_setup_is_called_at_each_trial_train(make_trainer):
     base_lr = trainer.args.learning_rate
     trainer.train()  # no search: called without a trial, the caller's arguments kept
     assert seen[-1] == (None, base_lr) and trainer._hp_search is None
+
+
+def test_a_search_starts_without_the_last_run(make_trainer):
+    """Each trial builds its own run: the one a `train()` before the search left on the Trainer is
+    dropped when the search starts (Ray ships the Trainer's copy without it)."""
+    trainer, _ = make_trainer(max_steps=4)
+    trainer.train()
+    assert trainer._run is not None
+    seen = []
+
+    class Probe(type(trainer)):
+        def _hp_search_setup(self, trial):
+            seen.append(self._run)
+            super()._hp_search_setup(trial)
+
+    trainer.__class__ = Probe
+    trainer.hyperparameter_search(hp_space=lr_space, n_trials=1, backend="optuna")
+    assert seen == [None]
