@@ -83,8 +83,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from trainwright import Trainer, TrainingArguments
 from trainwright.core.events import TrainerCallback
-from trainwright.loop import resume as resume_rules
-from trainwright.loop.checkpointer import Checkpointer
+from trainwright.loop.checkpoints import resume as resume_rules
+from trainwright.loop.checkpoints.checkpointer import Checkpointer
 
 quiet()
 

@@ -26,7 +26,17 @@ import sys
 from pathlib import Path
 
 TRAINER_FILES = ("loop/trainer_setup.py", "loop/trainer_api.py", "loop/trainer.py")
-CHECKPOINT_FILES = ("loop/checkpointer.py", "loop/resume.py", "loop/checkpoint_parts.py")
+# the checkpoint code (before issue 39 in loop/ itself; an old tree is measured the same way)
+CHECKPOINT_FILES = (
+    "loop/checkpoints/checkpointer.py",
+    "loop/checkpoints/resume.py",
+    "loop/checkpoints/parts.py",
+    "loop/checkpoints/data_state.py",
+    "loop/checkpointer.py",
+    "loop/resume.py",
+    "loop/checkpoint_parts.py",
+)
+RUN_FILES = ("loop/run/training_run.py", "loop/run.py")
 WEAK_HOLDS = {"ref", "WeakMethod", "proxy"}
 VIEW_NAMES = {"trainer", "_trainer"}  # `self.trainer` / `self._trainer` / a `trainer` parameter
 
@@ -191,7 +201,7 @@ def weak_references(trees: dict[str, ast.Module]) -> list[str]:
 
 def run_fields(trees: dict[str, ast.Module]) -> list[str]:
     """TrainingRun's fields: its `__slots__` (else the attributes its methods assign)."""
-    tree = trees.get("loop/run.py")
+    tree = next((trees[f] for f in RUN_FILES if f in trees), None)
     cls = next(
         (n for n in (tree.body if tree else []) if isinstance(n, ast.ClassDef) and n.name == "TrainingRun"),
         None,

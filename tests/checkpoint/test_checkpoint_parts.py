@@ -195,7 +195,7 @@ def test_the_table_is_the_one_source_of_part_names():
 def test_building_a_checkpoints_parts_writes_nothing_of_the_trainers_state(make_args):
     """`build_parts` reads the Trainer's values and builds the parts; the callbacks' states go into
     `trainer_state.json` at the save (`Checkpointer.save`), not as a side effect of building."""
-    from trainwright.loop.checkpoint_parts import build_parts
+    from trainwright.loop.checkpoints.parts import build_parts
 
     args = make_args(max_steps=2, per_device_train_batch_size=4, save_strategy="no")
     trainer = Trainer(DropoutMLP(), args, train_dataset=VectorDataset(16), callbacks=[EMA()])

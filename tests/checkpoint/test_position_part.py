@@ -12,10 +12,10 @@ from torch.utils.data import DataLoader
 
 from trainwright.checkpoint import TRAINER_STATE_NAME
 from trainwright.core.state import TrainerState
-from trainwright.loop.data_state import DataState, PositionFinding
-from trainwright.loop.loss_log import LossLog
-from trainwright.loop.position import Position
-from trainwright.loop.run_plan import RunPlan
+from trainwright.loop.checkpoints.data_state import DataState, PositionFinding
+from trainwright.loop.run.loss_log import LossLog
+from trainwright.loop.run.plan import RunPlan
+from trainwright.loop.run.position import Position
 
 
 def _data_state(args, plan: RunPlan) -> DataState:

@@ -14,7 +14,7 @@ import weakref
 import pytest
 import torch
 
-from trainwright.loop.loss_log import LossWindow
+from trainwright.loop.run.loss_log import LossWindow
 
 
 class _Runtime:

@@ -205,7 +205,7 @@ def test_impossible_numbers_are_refused_naming_the_field(field, value):
 
 def test_loss_window_reads_once_and_reports_nonfinite():
     from trainwright.core.runtime import get_runtime
-    from trainwright.loop.loss_log import LossWindow
+    from trainwright.loop.run.loss_log import LossWindow
 
     window = LossWindow(torch.device("cpu"))
     for step, value in enumerate([1.0, float("inf"), 3.0]):

@@ -387,7 +387,7 @@ def test_transformers_model_trains_and_loss_falls(make_args):
 
 
 def test_unlogged_losses_are_folded_into_train_loss(make_args, monkeypatch):
-    import trainwright.loop.run as run_module
+    import trainwright.loop.run.training_run as run_module
 
     def run(**kw):
         args = make_args(per_device_train_batch_size=4, max_steps=10, **kw)

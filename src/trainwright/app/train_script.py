@@ -374,7 +374,7 @@ def newest_checkpoint_of_this_run(targs: Any, record: dict[str, Any], examples: 
     another `optim`, or its data had another number of examples. Other arguments may change on a
     resume (max_steps, logging, evaluation, ...), as they may for Trainer.train."""
     from trainwright import checkpoint as ckpt
-    from trainwright.loop.resume import _optim_name
+    from trainwright.loop.checkpoints.resume import _optim_name
 
     path = ckpt.get_last_checkpoint(targs.output_dir)
     if path is None:

@@ -1,11 +1,10 @@
 """Trainer: the transformers.Trainer API on a loop you can read top to bottom.
 
-`train()` claims the output folder and builds a `TrainingRun` (run.py: engine, cursor, loss window,
+`train()` claims the output folder and builds a `TrainingRun` (loop/run/: engine, position, loss log,
 preemption guard, checkpointer) in `_inner_training_loop`; `_run_epoch` is one optimizer step after
-another: take the step's micro-batches and count their items, then per micro-batch forward and
-backward under the engine's accumulation context (no gradient sync but on the last); clip, optimizer
-step, schedule, counters; events; maybe log / evaluate / save.
-"""
+another: take the step's micro-batches and count their items, then per micro-batch forward and backward
+under the engine's accumulation context (no gradient sync but on the last); clip, optimizer step,
+schedule, counters; events; maybe log / evaluate / save."""
 
 from __future__ import annotations
 
@@ -26,12 +25,13 @@ from trainwright.core.output_lock import claim_output_dir
 from trainwright.core.seed import enable_full_determinism, set_seed
 from trainwright.core.state import TrainerState
 from trainwright.distributed import context_parallel
-from trainwright.loop import batch_size_finder, plugins, resume
-from trainwright.loop.callback_states import callback_states
-from trainwright.loop.checkpointer import OVERRIDABLE, Checkpointer
+from trainwright.loop import batch_size_finder, plugins
+from trainwright.loop.checkpoints import resume
+from trainwright.loop.checkpoints.callback_states import callback_states
+from trainwright.loop.checkpoints.checkpointer import OVERRIDABLE, Checkpointer
 from trainwright.loop.eval import hooks as prediction
 from trainwright.loop.hub import push as hub
-from trainwright.loop.run import TrainingRun
+from trainwright.loop.run.training_run import TrainingRun
 from trainwright.loop.trainer_api import TrainerAPI
 from trainwright.loop.trainer_setup import enable_activation_checkpointing
 from trainwright.modeling import model_path
@@ -195,7 +195,7 @@ class Trainer(TrainerAPI):
         self._hand_accelerator(run)
         if resume_path is not None:
             checkpointer.restore(resume_path, self, run)
-        run.start(self.optimizer, self.state, self._plugins, self._scheduler_is_plateau())
+        run.start(self.optimizer, self.state, self._plugins_on, self._scheduler_is_plateau())
         handler = self.callback_handler
         handler.model, handler.optimizer, handler.lr_scheduler = self.model, self.optimizer, self.lr_scheduler
         handler.train_dataloader, handler.cursor = dataloader, run.position.cursor

@@ -27,8 +27,8 @@ from trainwright.core.state import LoopCursor, metric_improves
 from trainwright.distributed.accelerator import RuntimeAccelerator
 from trainwright.distributed.engine import load_weights
 from trainwright.loop import batch_size_finder, optimization
-from trainwright.loop.checkpoint_parts import write_model
-from trainwright.loop.checkpointer import load_rng_state, run_dir
+from trainwright.loop.checkpoints.checkpointer import load_rng_state, run_dir
+from trainwright.loop.checkpoints.parts import write_model
 from trainwright.loop.eval import hooks as prediction
 from trainwright.loop.hub import push as hub
 from trainwright.loop.trainer_setup import TrainerSetup

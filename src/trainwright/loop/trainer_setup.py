@@ -9,6 +9,7 @@ model's loss honours `num_items_in_batch`. `TrainerAPI` (trainer_api.py) and `Tr
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import math
@@ -36,7 +37,7 @@ from trainwright.distributed import accelerate_state, context_parallel, parallel
 from trainwright.distributed.accelerator import RuntimeAccelerator
 from trainwright.loop import dataloaders, plugins
 from trainwright.loop.hub import push as hub
-from trainwright.loop.run import TrainingRun, empty_training_message
+from trainwright.loop.run.training_run import TrainingRun, empty_training_message
 from trainwright.modeling.loss import LabelSmoother, LossFacts
 from trainwright.observe.flops import FlopsEstimator
 from trainwright.observe.memory import TrainerMemoryTracker
@@ -319,6 +320,10 @@ class TrainerSetup:
         samples = args.max_steps * total_batch
         # steps_in_epoch 0: the epoch has no known end, it runs until max_steps
         return 2**62, args.max_steps, samples, samples, total_batch, 0, args.max_steps
+
+    def _plugins_on(self, module: nn.Module, state: TrainerState) -> contextlib.ExitStack:
+        """The plug-ins' hooks around one run, on the module its engine trains (the run closes them)."""
+        return plugins.around_run(self._plugins, module, state)
 
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
         """Create the Hub repository `args.hub_model_id` (default: output_dir's name) if it does not

@@ -1,7 +1,7 @@
 """`Checkpointer`: a run's checkpoints, as torchtitan's CheckpointManager: it writes them (synchronously,
 or with `async_save` in the background), finishes a background write (rotation, the Hub push,
 `on_save` once it is durable), waits for it or abandons it, and restores a folder into the run,
-through the same mapping of parts it saves (`checkpoint_parts.build_parts`).
+through the same mapping of parts it saves (`parts.build_parts`).
 
 When to save is the callback system's (`TrainerControl.should_save`, as upstream): the Trainer's
 `_save_checkpoint` calls `save`, then `saved` fires `on_save` (or leaves it to the write's completion).
@@ -45,12 +45,12 @@ from trainwright.checkpoint.async_writer import AsyncCheckpointWriter, GroupColl
 from trainwright.checkpoint.manager import CheckpointManager
 from trainwright.checkpoint.rng import RngState
 from trainwright.core.state import TrainerControl
-from trainwright.loop.callback_states import callback_states
-from trainwright.loop.checkpoint_parts import CheckpointedTrainer, build_parts
-from trainwright.loop.divergence import Divergence
+from trainwright.loop.checkpoints.callback_states import callback_states
+from trainwright.loop.checkpoints.parts import CheckpointedTrainer, build_parts
+from trainwright.loop.run.divergence import Divergence
 
 if TYPE_CHECKING:
-    from trainwright.loop.run import TrainingRun
+    from trainwright.loop.run.training_run import TrainingRun
 
 logger = logging.getLogger(__name__)
 

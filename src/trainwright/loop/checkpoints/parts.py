@@ -42,10 +42,10 @@ from trainwright.core.events import CallbackHandler
 from trainwright.core.modules import is_peft_model
 from trainwright.core.state import TrainerControl, TrainerState
 from trainwright.data.look_ahead import LookAhead
-from trainwright.loop import resume
-from trainwright.loop.callback_states import restore_callback_states
-from trainwright.loop.data_state import BatchInHand, DataState
-from trainwright.loop.run import TrainingRun
+from trainwright.loop.checkpoints import resume
+from trainwright.loop.checkpoints.callback_states import restore_callback_states
+from trainwright.loop.checkpoints.data_state import BatchInHand, DataState
+from trainwright.loop.run.training_run import TrainingRun
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class CheckpointedTrainer(Protocol):
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None: ...
     def _load_rng_state(self, checkpoint: str | None) -> None: ...
 
-    # and the upstream hooks loop/checkpointer.py calls
+    # and the upstream hooks loop/checkpoints/checkpointer.py calls
     def store_flos(self) -> None: ...
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None: ...
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None: ...

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from trainwright.loop.divergence import Divergence
+from trainwright.loop.run.divergence import Divergence
 
 logger = logging.getLogger(__name__)
 

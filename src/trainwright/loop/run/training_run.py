@@ -29,12 +29,10 @@ from trainwright.core.preemption import PreemptionGuard
 from trainwright.core.state import TrainerControl, TrainerState
 from trainwright.distributed.engine import Engine
 from trainwright.distributed.engines import build_engine
-from trainwright.loop import plugins
-from trainwright.loop.loss_log import LossLog
-from trainwright.loop.plugins import PlugIn
-from trainwright.loop.position import Position
-from trainwright.loop.run_plan import RunPlan, RunStart, flop_counter, input_token_counter
-from trainwright.loop.train_mode import TrainMode
+from trainwright.loop.run.loss_log import LossLog
+from trainwright.loop.run.plan import RunPlan, RunStart, flop_counter, input_token_counter
+from trainwright.loop.run.position import Position
+from trainwright.loop.run.train_mode import TrainMode
 from trainwright.modeling.step_weights import StepWeights
 from trainwright.observe.flops import non_embedding_parameters
 from trainwright.optim.zeroing import grads_to_none
@@ -115,9 +113,16 @@ class TrainingRun:
         self._attached = contextlib.ExitStack()  # plug-ins' hooks on this run's module, off when it ends
 
     # -- set-up --------------------------------------------------------------------------------
-    def start(self, optimizer: Any, state: TrainerState, added: list[PlugIn], metric_scheduler: bool) -> None:
+    def start(
+        self,
+        optimizer: Any,
+        state: TrainerState,
+        attach: Callable[[nn.Module, TrainerState], contextlib.ExitStack],
+        metric_scheduler: bool,
+    ) -> None:
         """After the optimizer exists and a checkpoint (if any) is restored: the counters this call
-        starts from, the loss window it continues, the plug-ins it runs with, the complete plan."""
+        starts from, the loss window it continues, the plug-ins' hooks on the module it trains
+        (`attach`: `plugins.around_run` of the Trainer's plug-ins), the complete plan."""
         cursor = self.position.cursor
         cursor.first_step_of_call = cursor.steps_applied
         self.start_counters = RunStart(
@@ -126,7 +131,7 @@ class TrainingRun:
         self.losses.continue_window()
         self.plan = dataclasses.replace(self.plan, metric_scheduler=metric_scheduler)
         self.train_mode = TrainMode(optimizer)
-        self._attached = plugins.around_run(added, self.engine.module, state)
+        self._attached = attach(self.engine.module, state)
         self.zero_grad = grads_to_none(optimizer)
         self.zero_grad()
 

@@ -13,10 +13,10 @@ import trainwright.checkpoint as ckpt
 from trainwright.core.state import LoopCursor, TrainerState
 from trainwright.data.kinds import fingerprint
 from trainwright.data.look_ahead import LookAhead, batch_from_state
-from trainwright.loop import resume
-from trainwright.loop.loss_log import LossLog
-from trainwright.loop.position import Position
-from trainwright.loop.run_plan import RunPlan
+from trainwright.loop.checkpoints import resume
+from trainwright.loop.run.loss_log import LossLog
+from trainwright.loop.run.plan import RunPlan
+from trainwright.loop.run.position import Position
 
 
 class BatchInHand:
