@@ -130,3 +130,8 @@ def test_the_accelerator_follows_a_search_trials_arguments(make_args):
         trainer._hp_search_setup(trial={"trial": 0})  # upstream's hook at train(trial=...)'s start
         assert trainer.accelerator.gradient_accumulation_steps == 4
     assert trainer.accelerator.gradient_accumulation_steps == 1
+    shipped = copy.copy(trainer)  # as Ray ships it: no model, built by model_init in the worker
+    shipped.model = shipped.model_wrapped = None
+    with shipped._hp_search_scope("ray", search):
+        shipped._hp_search_setup(trial={"trial": 1})
+        assert shipped.accelerator.gradient_accumulation_steps == 4

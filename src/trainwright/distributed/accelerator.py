@@ -55,7 +55,7 @@ class RuntimeAccelerator:
         """The Trainer's arguments (a search trial's), its run while train() runs (None after), and
         the model it trains with its wrapper (`prepare_model` returns those as they are)."""
         self._args, self._run = args, run
-        self._trained = weakref.WeakSet(models)
+        self._trained = weakref.WeakSet(m for m in models if m is not None)  # none yet: model_init's
 
     def __getstate__(self) -> dict[str, Any]:
         # pickled with its Trainer (ray's search ships the Trainer to its workers): the weak sets
