@@ -167,7 +167,9 @@ class Checkpointer:
                 state.best_model_checkpoint = best
         # the callbacks' state goes into trainer_state.json (every process gathers the loss windows)
         state.stateful_callbacks = callback_states(trainer.callback_handler, trainer.control)
-        parts = build_parts(trainer, run, self.runtime, main=self.main)  # notes a non-finite window
+        parts = build_parts(
+            trainer, run, self.runtime, overridden=self.overridden, main=self.main
+        )  # notes a non-finite window
         self._last_step = state.global_step
         path, divergence = os.path.join(self.folder, name), run.losses.divergence
         self.foreign = [p for p in self.foreign if os.path.abspath(p) != os.path.abspath(path)]
@@ -275,7 +277,9 @@ class Checkpointer:
         """Load everything checkpoint `path` holds into `run`, through the same parts a save writes;
         each part refuses (before anything loads) what does not fit this run. What the data state's
         check found (a re-sized schedule) is applied here, to the run's plan and the TrainerState."""
-        parts = build_parts(trainer, run, self.runtime, main=self.main, restore_from=path)
+        parts = build_parts(
+            trainer, run, self.runtime, overridden=self.overridden, main=self.main, restore_from=path
+        )
         if self.args.save_only_model and self.manager.has(path, "optimizer"):
             logger.warning("save_only_model=True: resuming the weights of %s with a fresh optimizer.", path)
         # a subclass's `_load_optimizer_and_scheduler` is called as upstream calls it: after the rest,
@@ -310,7 +314,9 @@ class Checkpointer:
         checkpoint `path` (during a resume, the parts `restore` left to the hook)."""
         parts = self._deferred
         if parts is None:
-            built = build_parts(trainer, run, self.runtime, main=self.main, restore_from=path)
+            built = build_parts(
+                trainer, run, self.runtime, overridden=self.overridden, main=self.main, restore_from=path
+            )
             parts = {name: built[name] for name in OPTIMIZER_PARTS if name in built}
         self.manager.load(path, parts)
 

@@ -86,10 +86,12 @@ def build_parts(
     *,
     main: bool,
     restore_from: str | None = None,
+    overridden: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """The mapping of parts of a checkpoint of this run: to save now (every rank calls it: the loss
     windows are gathered), or to restore folder `restore_from`. The one place the Trainer hands its
-    values in: each part is built from what it reads."""
+    values in: each part is built from what it reads (`overridden`: the upstream hooks the Trainer's
+    subclass overrides, as the Trainer told the checkpointer)."""
     args, engine, model, position = trainer.args, run.engine, trainer.model, run.position
     with_optimizer = not args.save_only_model
     engine_parts = engine.checkpoint_parts(with_optimizer, restore_from)
@@ -101,7 +103,7 @@ def build_parts(
     hooks = ModelHooks(  # bound: a subclass's override is what runs
         save=trainer._save,
         load=trainer._load_from_checkpoint,
-        save_model=trainer.save_model if overridden(type(trainer), "save_model") else None,
+        save_model=trainer.save_model if "save_model" in overridden else None,
     )
     describe = functools.partial(
         write_model,
@@ -146,11 +148,6 @@ def build_parts(
             declared_spec(name, cb) or spec(name)  # its own checkpoint_file, else a row of layout.PARTS
             parts[name] = cb
     return parts
-
-
-def overridden(cls: type, name: str) -> bool:
-    """Whether a subclass overrides method `name` of the class that defines it: two classes of the MRO do."""
-    return sum(name in vars(c) for c in cls.__mro__) > 1
 
 
 # ---------------------------------------------------------------------- the model
